@@ -1,0 +1,66 @@
+# ddpfleet — every entry point a user or CI needs. `make help` lists them.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.ddpfleet-installed
+INVENTORY ?= inventory/sandbox/hosts.yml
+RUN_ID ?= demo
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: help venv lint format unit check e2e test infra sandbox sandbox-down demo bench clean
+
+help: ## List the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	@touch $@
+
+venv: $(STAMP) ## Create or update the pinned environment in .venv (seconds when nothing changed)
+
+lint: $(STAMP) ## ansible-lint (production profile), yamllint, ruff lint + format check
+	$(BIN)/yamllint --strict .
+	$(BIN)/ansible-lint --offline --profile production
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP) ## Apply ruff's formatting and safe fixes
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+unit: $(STAMP) ## Unit tier: pure Python, filters, trainer on CPU (incl. 2-rank gloo runs)
+	$(BIN)/python -m pytest tests/unit
+
+check: lint unit ## Fast inner loop: lint + unit tests
+
+e2e: $(STAMP) ## End-to-end tier on the sandbox cluster (needs a Docker engine)
+	$(BIN)/python -m pytest tests/e2e
+
+test: lint unit e2e ## Every test tier (what CI runs)
+
+infra: $(STAMP) ## testinfra node checks against INVENTORY (default: the sandbox)
+	$(BIN)/python -m pytest tests/infra --hosts=ansible://all --ansible-inventory=$(INVENTORY)
+
+sandbox: $(STAMP) ## Create the sandbox cluster and write inventory/sandbox/hosts.yml
+	$(BIN)/python -m sandbox up
+
+sandbox-down: $(STAMP) ## Remove everything the sandbox made, and nothing else
+	$(BIN)/python -m sandbox down
+
+demo: sandbox ## Sandbox up, site.yml, train.yml -e run_id=$(RUN_ID), summary table
+	$(BIN)/ansible-playbook -i $(INVENTORY) site.yml
+	$(BIN)/ansible-playbook -i $(INVENTORY) train.yml -e run_id=$(RUN_ID) -e @inventory/sandbox/demo.yml
+
+bench: $(STAMP) ## Benchmark: naive DDP loop vs the trainer (prints img/s and the ratio)
+	$(BIN)/python bench/ddp_bench.py
+
+clean: ## Remove the venv and caches (not the sandbox: use sandbox-down)
+	rm -rf $(VENV) .pytest_cache .ruff_cache
