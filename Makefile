@@ -12,7 +12,7 @@ RUN_ID ?= demo
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv lint format unit check e2e test infra sandbox sandbox-down demo bench clean
+.PHONY: help venv host-deps lint format unit check e2e test infra sandbox sandbox-down demo bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -41,7 +41,10 @@ unit: $(STAMP) ## Unit tier: pure Python, filters, trainer on CPU (incl. 2-rank 
 
 check: lint unit ## Fast inner loop: lint + unit tests
 
-e2e: $(STAMP) ## End-to-end tier on the sandbox cluster (needs a Docker engine)
+host-deps: ## Make sure a Docker engine and debootstrap are there (installs them on a bare Debian host as root)
+	bash sandbox/host-deps.sh
+
+e2e: $(STAMP) host-deps ## End-to-end tier on the sandbox cluster (needs a Docker engine)
 	$(BIN)/python -m pytest tests/e2e
 
 test: lint unit e2e ## Every test tier (what CI runs)
@@ -49,7 +52,7 @@ test: lint unit e2e ## Every test tier (what CI runs)
 infra: $(STAMP) ## testinfra node checks against INVENTORY (default: the sandbox)
 	$(BIN)/python -m pytest tests/infra --hosts=ansible://all --ansible-inventory=$(INVENTORY)
 
-sandbox: $(STAMP) ## Create the sandbox cluster and write inventory/sandbox/hosts.yml
+sandbox: $(STAMP) host-deps ## Create the sandbox cluster and write inventory/sandbox/hosts.yml
 	$(BIN)/python -m sandbox up
 
 sandbox-down: $(STAMP) ## Remove everything the sandbox made, and nothing else
@@ -57,7 +60,7 @@ sandbox-down: $(STAMP) ## Remove everything the sandbox made, and nothing else
 
 demo: sandbox ## Sandbox up, site.yml, train.yml -e run_id=$(RUN_ID), summary table
 	$(BIN)/ansible-playbook -i $(INVENTORY) site.yml
-	$(BIN)/ansible-playbook -i $(INVENTORY) train.yml -e run_id=$(RUN_ID) -e @inventory/sandbox/demo.yml
+	$(BIN)/ansible-playbook -i $(INVENTORY) train.yml -e run_id=$(RUN_ID)
 
 bench: $(STAMP) ## Benchmark: naive DDP loop vs the trainer (prints img/s and the ratio)
 	$(BIN)/python bench/ddp_bench.py
