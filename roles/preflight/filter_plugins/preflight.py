@@ -1,0 +1,65 @@
+"""Small filters for preflight checks, on the standard library only (no netaddr)."""
+
+from __future__ import annotations
+
+import ipaddress
+import posixpath
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def ip_in_network(address: Any, cidr: Any) -> bool:
+    """True if ``address`` is a valid IP inside network ``cidr``; False otherwise."""
+    try:
+        network = ipaddress.ip_network(str(cidr), strict=False)
+        ip = ipaddress.ip_address(str(address))
+    except ValueError:
+        return False
+    return ip in network
+
+
+def is_ip_address(address: Any) -> bool:
+    """True if ``address`` is a valid IPv4 or IPv6 address (no prefix)."""
+    try:
+        ipaddress.ip_address(str(address))
+    except ValueError:
+        return False
+    return True
+
+
+def is_network(cidr: Any) -> bool:
+    """True if ``cidr`` is a valid network such as ``10.0.0.0/24`` (host bits allowed)."""
+    try:
+        ipaddress.ip_network(str(cidr), strict=False)
+    except ValueError:
+        return False
+    return True
+
+
+def mount_for_path(path: str, mounts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The entry of ``ansible_facts.mounts`` whose mount point holds ``path``.
+
+    The path need not exist yet (/var/lib/docker before Docker is installed): the
+    longest mount point that is ``path`` or one of its parents wins. ``{}`` if none.
+    """
+    target = posixpath.normpath(str(path))
+    best: dict[str, Any] = {}
+    best_len = -1
+    for mount in mounts:
+        point = posixpath.normpath(str(mount.get("mount", "")))
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > best_len:
+            best, best_len = dict(mount), len(point)
+    return best
+
+
+class FilterModule:
+    """Ansible entry point."""
+
+    def filters(self) -> dict[str, Any]:
+        return {
+            "ddpfleet_ip_in_network": ip_in_network,
+            "ddpfleet_is_ip": is_ip_address,
+            "ddpfleet_is_network": is_network,
+            "ddpfleet_mount_for_path": mount_for_path,
+        }
