@@ -1,0 +1,183 @@
+"""``up``, ``down`` and ``status``: the sandbox's life cycle."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from sandbox import images, inventory, nodes, preflight, wheelhouse
+from sandbox.dockercli import (
+    LABEL,
+    SandboxError,
+    docker,
+    docker_ok,
+    engine_version,
+    inspect,
+    labelled,
+    run,
+)
+from sandbox.settings import NETWORK, SHARED_VOLUME, Settings
+
+
+def _ensure_key(settings: Settings) -> str:
+    key = settings.key_path
+    if not key.exists() or not key.with_suffix(".pub").exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        key.unlink(missing_ok=True)
+        key.with_suffix(".pub").unlink(missing_ok=True)
+        run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "ddpfleet-sandbox",
+                "-f",
+                str(key),
+            ]
+        )
+    key.chmod(0o600)
+    return key.with_suffix(".pub").read_text()
+
+
+def _ensure_volume(name: str) -> None:
+    if inspect("volume", name) is None:
+        docker("volume", "create", "--label", f"{LABEL}=1", name)
+
+
+def _forget_facts(settings: Settings, names: list[str]) -> None:
+    """Drop Ansible's cached facts of hosts that are new (they describe a destroyed node)."""
+    for name in names:
+        (settings.root / ".cache" / "facts" / name).unlink(missing_ok=True)
+
+
+def up(settings: Settings) -> None:
+    started = time.monotonic()
+    engine_version()
+    mode = nodes.storage_mode()
+    have_network = preflight.existing_network(settings)
+    existing = labelled("container")
+    extra = sorted(set(existing) - {n.container for n in settings.nodes})
+    if extra:
+        raise SandboxError(
+            f"the sandbox has more than {settings.node_count} nodes ({', '.join(extra)}); "
+            "run 'python -m sandbox down' first"
+        )
+    if not have_network:
+        preflight.check_addresses(settings)
+    if not existing:
+        cached = wheelhouse.is_complete(settings.wheelhouse, settings.root / "requirements.txt")
+        preflight.check_disk(settings, cached)
+
+    image = images.ensure_node_image(settings.cache)
+    base_tag, archive = images.ensure_trainer_base(settings.cache)
+    wheelhouse.ensure(settings.wheelhouse, settings.root / "requirements.txt")
+    public_key = _ensure_key(settings)
+
+    if not have_network:
+        docker(
+            "network", "create", "--driver", "bridge", "--label", f"{LABEL}=1",
+            "--subnet", str(settings.subnet), "--gateway", settings.gateway, NETWORK,
+        )  # fmt: skip
+    _ensure_volume(SHARED_VOLUME)
+    actions = {}
+    for node in settings.nodes:
+        _ensure_volume(node.docker_volume)
+        actions[node.name] = nodes.ensure_running(settings, node, image, mode)
+    _forget_facts(settings, [name for name, done in actions.items() if done == "created"])
+    boot = nodes.wait_booted(settings.nodes)
+    for node in settings.nodes:
+        nodes.authorize_key(node, public_key)
+        nodes.wait_ssh(settings, node)
+    hosts = inventory.write(settings, mode, base_tag, archive.name)
+
+    for node in settings.nodes:
+        print(
+            f"sandbox: {node.name}  {node.container}  {node.ip}  {actions[node.name]}, "
+            f"booted in {boot[node.name]:.1f}s"
+        )
+    print(f"sandbox: storage mode: {mode} ({_mode_text(mode)})")
+    print(f"sandbox: inventory: {hosts.relative_to(settings.root)}")
+    print(f"sandbox: up in {time.monotonic() - started:.1f}s")
+
+
+def _mode_text(mode: str) -> str:
+    if mode == "nfs":
+        return "nodes mount node1's NFS export"
+    return (
+        "no NFS in this kernel: one shared volume stands in at the shared mount; "
+        "node1 still serves it over NFS for userspace clients"
+    )
+
+
+def down(settings: Settings, purge: bool = False) -> None:
+    started = time.monotonic()
+    engine_version()
+    containers = labelled("container")
+    if containers:
+        docker("rm", "--force", "--volumes", *containers)
+    networks = labelled("network")
+    for network in networks:
+        docker("network", "rm", network)
+    volumes = labelled("volume")
+    if volumes:
+        docker("volume", "rm", "--force", *volumes)
+    keys = [p for p in (settings.key_path, settings.key_path.with_suffix(".pub")) if p.exists()]
+    for path in keys:
+        path.unlink()
+    files = inventory.remove(settings)
+    _forget_facts(settings, [node.name for node in settings.nodes])
+    print(f"sandbox: removed containers: {', '.join(containers) or 'none'}")
+    print(
+        f"sandbox: removed networks: {', '.join(networks) or 'none'}; "
+        f"volumes: {', '.join(volumes) or 'none'}"
+    )
+    print(
+        f"sandbox: removed key pair and {len(files)} inventory files"
+        if keys or files
+        else "sandbox: no key pair or inventory to remove"
+    )
+    secrets = settings.inventory_dir / ".secrets"
+    if secrets.exists():
+        print(
+            f"sandbox: kept {secrets.relative_to(settings.root)} "
+            "(made by site.yml, not by the sandbox)"
+        )
+    if purge:
+        removed = images.purge(settings.cache)
+        print(f"sandbox: purged cached images: {', '.join(removed) or 'none'}")
+    else:
+        print(
+            "sandbox: kept the cached node/trainer-base images and .cache/ "
+            "(remove them with --purge)"
+        )
+    print(f"sandbox: down in {time.monotonic() - started:.1f}s")
+
+
+def status(settings: Settings) -> int:
+    engine_version()
+    containers = set(labelled("container"))
+    if not containers:
+        print("sandbox: not created (run 'python -m sandbox up')")
+        return 1
+    healthy = True
+    for node in settings.nodes:
+        info = inspect("container", node.container)
+        state = info["State"]["Status"] if info else "missing"
+        if state == "running":
+            ok = docker_ok("exec", node.container, "systemctl", "is-system-running", "--quiet")
+            state = "running" if ok else "running (systemd not ready)"
+        healthy = healthy and state == "running"
+        print(f"{node.name}  {node.container}  {node.ip}  {state}")
+    mode = nodes.storage_mode()
+    print(f"storage mode: {mode} ({_mode_text(mode)})")
+    hosts = settings.inventory_dir / "hosts.yml"
+    print(f"inventory: {hosts.relative_to(settings.root) if hosts.exists() else 'not written'}")
+    return 0 if healthy else 1
+
+
+def public_key_path(settings: Settings) -> Path:
+    return settings.key_path.with_suffix(".pub")

@@ -1,0 +1,124 @@
+"""The generated inventory: ``inventory/sandbox/`` in the shape of ``inventory/sample/``."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from sandbox.settings import (
+    IMAGES_MOUNT,
+    NFS_EXPORT_DIR,
+    SHARED_MOUNT,
+    WHEELHOUSE_MOUNT,
+    Settings,
+)
+
+HEADER = (
+    "---\n# Written by 'python -m sandbox up'; removed by 'python -m sandbox down'. Do not edit.\n"
+)
+OVERRIDES = "zz_sandbox.yml"
+DEMO = "demo.yml"
+
+# Small training settings so a run ends in minutes on a 2-core machine without GPUs.
+DEMO_TRAINING = {
+    "train_image_size": "64",
+    "train_batch_size": "8",
+    "train_max_steps": "30",
+    "train_synthetic": "true",
+    "train_nproc_per_node": "1",
+}
+
+
+def hosts_yaml(settings: Settings) -> str:
+    lines = [
+        HEADER.rstrip("\n"),
+        "all:",
+        "  vars:",
+        "    ansible_user: root",
+        f"    ansible_ssh_private_key_file: {settings.key_path}",
+        "    ansible_ssh_common_args: >-",
+        "      -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
+        "    ansible_python_interpreter: /usr/bin/python3",
+        "  children:",
+        "    trainers:",
+        "      hosts:",
+    ]
+    for node in settings.nodes:
+        lines += [
+            f"        {node.name}:",
+            f"          ansible_host: {node.ip}",
+            f"          cluster_ip: {node.ip}",
+            "          nic: eth0",
+            "          gpus: 0",
+            f"          node_hostname: {node.container}",
+        ]
+    first = settings.nodes[0].name
+    lines += ["    nfs_server:", "      hosts:", f"        {first}:"]
+    lines += ["    registry:", "      hosts:", f"        {first}:"]
+    return "\n".join(lines) + "\n"
+
+
+def overrides_yaml(settings: Settings, mode: str, trainer_base: str, archive: str) -> str:
+    values = {
+        "cluster_cidr": str(settings.subnet),
+        "shared_mount": SHARED_MOUNT,
+        "nfs_export_dir": NFS_EXPORT_DIR,
+        "nfs_implementation": "ganesha",
+        "nfs_client_mode": "shared_volume" if mode == "shared_volume" else "mount",
+        "docker_package_source": "distribution",
+        "trainer_image_base": trainer_base,
+        "trainer_image_base_archive": f"{IMAGES_MOUNT}/{archive}",
+        "trainer_image_wheelhouse": WHEELHOUSE_MOUNT,
+        "sandbox_storage_mode": mode,
+        **DEMO_TRAINING,
+    }
+    body = "".join(f"{key}: {value}\n" for key, value in values.items())
+    return (
+        HEADER
+        + "# Sandbox overrides of the cluster-wide settings (loaded after the sample's files).\n"
+        + body
+    )
+
+
+def demo_yaml() -> str:
+    body = "".join(f"{key}: {value}\n" for key, value in DEMO_TRAINING.items())
+    return HEADER + "# Extra vars for 'make demo': a run small enough for 2 CPU cores.\n" + body
+
+
+def written_files(settings: Settings) -> list[Path]:
+    """Every inventory file ``write`` produces (what ``down`` removes)."""
+    inv = settings.inventory_dir
+    sample = settings.root / "inventory" / "sample" / "group_vars" / "all"
+    files = [inv / "hosts.yml", inv / DEMO, inv / "group_vars" / "all" / OVERRIDES]
+    files += [inv / "group_vars" / "all" / p.name for p in sorted(sample.glob("*.yml"))]
+    return files
+
+
+def write(settings: Settings, mode: str, trainer_base: str, archive: str) -> Path:
+    """Write the inventory; return the path of hosts.yml."""
+    inv = settings.inventory_dir
+    group_vars = inv / "group_vars" / "all"
+    group_vars.mkdir(parents=True, exist_ok=True)
+    sample = settings.root / "inventory" / "sample" / "group_vars" / "all"
+    for path in sorted(sample.glob("*.yml")):
+        shutil.copyfile(path, group_vars / path.name)
+    (group_vars / OVERRIDES).write_text(overrides_yaml(settings, mode, trainer_base, archive))
+    (inv / DEMO).write_text(demo_yaml())
+    hosts = inv / "hosts.yml"
+    hosts.write_text(hosts_yaml(settings))
+    return hosts
+
+
+def remove(settings: Settings) -> list[Path]:
+    """Remove the files ``write`` made and the directories left empty; return removed files."""
+    removed = [p for p in written_files(settings) if p.exists()]
+    for path in removed:
+        path.unlink()
+    for directory in (
+        settings.inventory_dir / "group_vars" / "all",
+        settings.inventory_dir / "group_vars",
+        settings.inventory_dir,
+    ):
+        if directory.is_dir() and not any(directory.iterdir()):
+            directory.rmdir()
+    return removed

@@ -1,0 +1,112 @@
+"""Checks made before the sandbox creates anything: each failure is one line."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import shutil
+from pathlib import Path
+
+from sandbox.dockercli import LABEL, SandboxError, docker, inspect, run
+from sandbox.settings import NETWORK, Settings
+
+# Disk the full cluster needs once site.yml and a training run have been through it,
+# measured on the sandbox (see sandbox/README.md): the node image, the training image
+# in the registry node's build cache plus once per node that pulls it (the registry's
+# own storage of the compressed layers counts as one more copy), and the wheelhouse.
+NODE_IMAGE_GB = 0.5
+TRAINER_IMAGE_GB = 6.5
+WHEELHOUSE_GB = 3.0
+
+
+def needed_gb(settings: Settings, wheelhouse_cached: bool) -> float:
+    """Free disk the sandbox needs, in GB."""
+    total = NODE_IMAGE_GB + TRAINER_IMAGE_GB * (settings.node_count + 1)
+    return total + (0.0 if wheelhouse_cached else WHEELHOUSE_GB)
+
+
+def _free_gb(path: Path) -> float:
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free / 1e9
+
+
+def check_disk(settings: Settings, wheelhouse_cached: bool) -> None:
+    root = Path(docker("info", "--format", "{{.DockerRootDir}}") or "/var/lib/docker")
+    need = needed_gb(settings, wheelhouse_cached)
+    free = _free_gb(root)
+    if free < need:
+        raise SandboxError(
+            f"too little free disk for a {settings.node_count}-node sandbox: {need:.1f} GB "
+            f"needed under {root}, {free:.1f} GB free"
+        )
+
+
+def _docker_subnets() -> list[tuple[str, ipaddress.IPv4Network | ipaddress.IPv6Network]]:
+    found = []
+    for net_id in docker("network", "ls", "--quiet").split():
+        info = inspect("network", net_id)
+        if info is None:
+            continue
+        for cfg in (info.get("IPAM") or {}).get("Config") or []:
+            if cfg.get("Subnet"):
+                found.append((info["Name"], ipaddress.ip_network(cfg["Subnet"], strict=False)))
+    return found
+
+
+def _host_networks() -> list[tuple[str, ipaddress.IPv4Network | ipaddress.IPv6Network]]:
+    """Addresses on host interfaces and routed prefixes (but not the default route)."""
+    found = []
+    proc = run(["ip", "-json", "address", "show"], check=False)
+    for link in json.loads(proc.stdout or "[]"):
+        for addr in link.get("addr_info", []):
+            if addr.get("family") == "inet":
+                net = ipaddress.ip_network(f"{addr['local']}/32")
+                found.append((f"address {addr['local']} on {link['ifname']}", net))
+    proc = run(["ip", "-json", "route", "show"], check=False)
+    for route in json.loads(proc.stdout or "[]"):
+        if route.get("dst") not in (None, "default"):
+            net = ipaddress.ip_network(route["dst"], strict=False)
+            found.append((f"route {route['dst']} via {route.get('dev', '?')}", net))
+    for line in Path("/etc/resolv.conf").read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "nameserver" and ":" not in parts[1]:
+            found.append((f"resolver {parts[1]}", ipaddress.ip_network(f"{parts[1]}/32")))
+    return found
+
+
+def check_addresses(settings: Settings) -> None:
+    """Fail when the sandbox subnet overlaps a docker network or a host address/route.
+
+    Call only while the sandbox network does not exist yet (its own bridge would match).
+    """
+    for name, net in _docker_subnets():
+        if net.version == 4 and net.overlaps(settings.subnet):
+            raise SandboxError(
+                f"address range {settings.subnet} already in use by docker network "
+                f"{name!r} ({net}); choose another with --subnet or SANDBOX_SUBNET"
+            )
+    for what, net in _host_networks():
+        if net.version == 4 and net.overlaps(settings.subnet):
+            raise SandboxError(
+                f"address range {settings.subnet} already in use on this host ({what}); "
+                "choose another with --subnet or SANDBOX_SUBNET"
+            )
+
+
+def existing_network(settings: Settings) -> bool:
+    """True when the sandbox network exists with the requested subnet (ours, reusable)."""
+    info = inspect("network", NETWORK)
+    if info is None:
+        return False
+    if (info.get("Labels") or {}).get(LABEL) != "1":
+        raise SandboxError(
+            f"a docker network named {NETWORK!r} exists but was not made by the sandbox"
+        )
+    subnets = [c.get("Subnet") for c in (info.get("IPAM") or {}).get("Config") or []]
+    if str(settings.subnet) not in subnets:
+        raise SandboxError(
+            f"the sandbox already runs on {', '.join(map(str, subnets))}, not {settings.subnet}; "
+            "run 'python -m sandbox down' first"
+        )
+    return True
