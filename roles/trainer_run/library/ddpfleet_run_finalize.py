@@ -1,0 +1,129 @@
+#!/usr/bin/python
+"""Record how a run ended in its summary.json: the failure's root cause, or `stopped`."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.ddpfleet_run import (
+    as_owner,
+    cause_line,
+    read_json,
+    read_markers,
+    root_cause,
+    tail_lines,
+    write_atomic,
+)
+
+DOCUMENTATION = r"""
+module: ddpfleet_run_finalize
+short_description: Rewrite summary.json of a failed or stopped ddpfleet run
+description:
+- With C(outcome=failed), picks the earliest C(nodes/<host>.failed) marker as the root cause,
+  adds the last lines of that rank's log, and writes C(status=failed) with C(failure) into
+  summary.json (keeping the trainer's other fields).
+- With C(outcome=stopped), marks the run C(stopped) unless the trainer already wrote C(stopped)
+  or the run C(completed) before the stop.
+options:
+  run_dir:
+    description: Run directory.
+    type: path
+    required: true
+  run_id:
+    description: The run id.
+    type: str
+    required: true
+  outcome:
+    description: How the run ended.
+    type: str
+    required: true
+    choices:
+    - failed
+    - stopped
+  log_lines:
+    description: Lines of the failing rank's log to keep.
+    type: int
+    default: 20
+  uid:
+    description: Owner uid of the run directory.
+    type: int
+  gid:
+    description: Owner gid of the run directory.
+    type: int
+author: ddpfleet
+"""
+
+RETURN = r"""
+status:
+  description: The status summary.json now holds.
+  type: str
+  returned: always
+cause:
+  description: One-line root cause (outcome=failed).
+  type: str
+  returned: when failed
+failure:
+  description: host, rank, exit_code, reason, log_tail.
+  type: dict
+  returned: when failed
+"""
+
+
+def read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "run_dir": {"type": "path", "required": True},
+            "run_id": {"type": "str", "required": True},
+            "outcome": {"type": "str", "required": True, "choices": ["failed", "stopped"]},
+            "log_lines": {"type": "int", "default": 20},
+            "uid": {"type": "int"},
+            "gid": {"type": "int"},
+        },
+        supports_check_mode=False,
+    )
+    p = module.params
+    summary_path = os.path.join(p["run_dir"], "summary.json")
+    with as_owner(p["uid"], p["gid"]):
+        summary = read_json(summary_path) or {}
+        if p["outcome"] == "stopped":
+            if summary.get("status") in ("stopped", "completed"):
+                module.exit_json(changed=False, status=summary["status"])
+            summary.update(status="stopped", stopped_by="stop.yml", stopped_at=time.time())
+            write_atomic(summary_path, (json.dumps(summary, indent=2) + "\n").encode())
+            module.exit_json(changed=True, status="stopped")
+        marker = root_cause(read_markers(p["run_dir"]))
+        if marker is None:
+            module.fail_json(
+                msg=f"run {p['run_id']}: no failure marker found in {p['run_dir']}/nodes"
+            )
+        rank = marker.get("rank")
+        log = read_text(os.path.join(p["run_dir"], "logs", f"rank-{rank}.log"))
+        if not log.strip():
+            log = read_text(os.path.join(p["run_dir"], "nodes", f"{marker.get('host')}.log"))
+        failure = {
+            "host": marker.get("host"),
+            "rank": rank,
+            "exit_code": marker.get("exit_code"),
+            "reason": marker.get("reason"),
+            "time": marker.get("failed_at") or marker.get("time"),
+            "log_tail": tail_lines(log, p["log_lines"]),
+        }
+        cause = cause_line(p["run_id"], marker)
+        summary.update(status="failed", failure=failure, cause=cause)
+        changed = write_atomic(summary_path, (json.dumps(summary, indent=2) + "\n").encode())
+    module.exit_json(changed=changed, status="failed", cause=cause, failure=failure)
+
+
+if __name__ == "__main__":
+    main()

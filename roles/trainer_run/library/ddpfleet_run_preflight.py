@@ -1,0 +1,175 @@
+#!/usr/bin/python
+"""Check one trainer host before a run starts (changes nothing)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.ddpfleet_run import as_owner
+
+DOCUMENTATION = r"""
+module: ddpfleet_run_preflight
+short_description: Check that a host can take part in a ddpfleet run
+description:
+- Every peer's hostname resolves to its cluster_ip; the training image is present; the
+  shared-storage token written by rank 0's host reads back here; /dev/shm (host IPC)
+  or memory (private shm)
+  is big enough; enough GPUs are visible; the data directory exists.
+- Fails with one line naming the host and every problem found.
+options:
+  host:
+    description: inventory_hostname.
+    type: str
+    required: true
+  peers:
+    description: Each trainer as {name, hostname, cluster_ip}.
+    type: list
+    elements: dict
+    required: true
+  image:
+    description: Image reference that must be present.
+    type: str
+    required: true
+  shm_mb:
+    description: Minimum /dev/shm the ranks need, in MiB.
+    type: int
+    required: true
+  ipc_host:
+    description: Ranks use the host's /dev/shm (else a private shm of shm_mb).
+    type: bool
+    default: false
+  gpus:
+    description: GPUs this host must offer.
+    type: int
+    default: 0
+  data_dir:
+    description: Dataset directory that must exist ("" for synthetic data).
+    type: str
+    default: ''
+  token_path:
+    description: File rank 0's host wrote on shared storage.
+    type: path
+    required: true
+  token:
+    description: Its expected content.
+    type: str
+    required: true
+  uid:
+    description: Owner uid of shared storage.
+    type: int
+  gid:
+    description: Owner gid of shared storage.
+    type: int
+author: ddpfleet
+"""
+
+RETURN = r"""
+gpu_models:
+  description: Model names of the GPUs found.
+  type: list
+  returned: always
+"""
+
+
+def mem_total_mb() -> int:
+    with open("/proc/meminfo", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    return 0
+
+
+def check_names(peers: list[dict]) -> list[str]:
+    """Each peer's hostname must resolve to its cluster_ip."""
+    problems = []
+    for peer in peers:
+        name = str(peer.get("hostname") or peer.get("name"))
+        want = str(peer.get("cluster_ip"))
+        try:
+            got = socket.gethostbyname(name)
+        except OSError:
+            problems.append(f"{name} does not resolve (want {want})")
+            continue
+        if got != want:
+            problems.append(f"{name} resolves to {got}, not its cluster_ip {want}")
+    return problems
+
+
+def check_shm(shm_mb: int, ipc_host: bool) -> list[str]:
+    """The ranks' /dev/shm: the host's (ipc_host) or a private one that memory must hold."""
+    if ipc_host:
+        st = os.statvfs("/dev/shm")
+        have = st.f_frsize * st.f_blocks // (1024 * 1024)
+        if have < shm_mb:
+            return [f"/dev/shm is {have} MiB, need {shm_mb} MiB"]
+    elif mem_total_mb() < shm_mb:
+        return [f"memory {mem_total_mb()} MiB is less than shm size {shm_mb} MiB"]
+    return []
+
+
+def check_gpus(module: AnsibleModule, gpus: int) -> tuple[list[str], list[str]]:
+    """(problems, models): nvidia-smi must list at least `gpus` GPUs."""
+    if gpus <= 0:
+        return [], []
+    rc, out, err = module.run_command(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"])
+    if rc != 0:
+        return [f"nvidia-smi failed: {err.strip() or 'not found'}"], []
+    models = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    if len(models) < gpus:
+        return [f"{len(models)} GPUs visible, inventory says gpus={gpus}"], models
+    return [], models
+
+
+def check_shared(p: dict) -> list[str]:
+    """Data dir present; rank 0's token reads back here (the storage really is shared)."""
+    problems = []
+    with as_owner(p["uid"], p["gid"]):
+        if p["data_dir"] and not os.path.isdir(p["data_dir"]):
+            problems.append(f"data dir {p['data_dir']} is absent on shared storage")
+        try:
+            with open(p["token_path"], encoding="utf-8") as fh:
+                seen = fh.read().strip()
+        except OSError as exc:
+            seen = f"<{exc.strerror}>"
+    if seen != p["token"]:
+        problems.append(
+            f"shared storage is not shared: token {p['token_path']} reads {seen!r}, "
+            f"rank 0 wrote {p['token']!r}"
+        )
+    return problems
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "host": {"type": "str", "required": True},
+            "peers": {"type": "list", "elements": "dict", "required": True},
+            "image": {"type": "str", "required": True},
+            "shm_mb": {"type": "int", "required": True},
+            "ipc_host": {"type": "bool", "default": False},
+            "gpus": {"type": "int", "default": 0},
+            "data_dir": {"type": "str", "default": ""},
+            "token_path": {"type": "path", "required": True},
+            "token": {"type": "str", "required": True, "no_log": False},
+            "uid": {"type": "int"},
+            "gid": {"type": "int"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    problems = check_names(p["peers"])
+    rc, _, err = module.run_command(["docker", "image", "inspect", p["image"]])
+    if rc != 0:
+        problems.append(f"image {p['image']} is not present ({err.strip()})")
+    problems += check_shm(p["shm_mb"], p["ipc_host"])
+    gpu_problems, models = check_gpus(module, p["gpus"])
+    problems += gpu_problems + check_shared(p)
+    if problems:
+        module.fail_json(msg=f"preflight failed on {p['host']}: " + "; ".join(problems))
+    module.exit_json(changed=False, gpu_models=models)
+
+
+if __name__ == "__main__":
+    main()
