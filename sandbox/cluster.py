@@ -58,6 +58,7 @@ def up(settings: Settings) -> None:
     started = time.monotonic()
     engine_version()
     mode = nodes.storage_mode()
+    preflight.check_addresses(settings)
     have_network = preflight.existing_network(settings)
     existing = labelled("container")
     extra = sorted(set(existing) - {n.container for n in settings.nodes})
@@ -66,8 +67,6 @@ def up(settings: Settings) -> None:
             f"the sandbox has more than {settings.node_count} nodes ({', '.join(extra)}); "
             "run 'python -m sandbox down' first"
         )
-    if not have_network:
-        preflight.check_addresses(settings)
     if not existing:
         cached = wheelhouse.is_complete(settings.wheelhouse, settings.root / "requirements.txt")
         preflight.check_disk(settings, cached)

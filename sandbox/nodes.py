@@ -114,10 +114,8 @@ def wait_booted(nodes: list[Node], timeout: float = BOOT_TIMEOUT) -> dict[str, f
                     failed = docker(
                         "exec", node.container, "systemctl", "--failed", "--plain", "--no-legend"
                     )
-                    print(
-                        f"sandbox: warning: {node.name} booted degraded: "
-                        f"{' '.join(failed.split()[:1])}"
-                    )
+                    units = [line.split()[0] for line in failed.splitlines() if line.split()]
+                    print(f"sandbox: warning: {node.name} booted degraded: {', '.join(units)}")
             elif time.monotonic() - started > timeout or not _is_running(node):
                 raise SandboxError(
                     f"node {node.name} ({node.container}) failed to boot within {timeout:.0f}s "

@@ -42,11 +42,14 @@ def check_disk(settings: Settings, wheelhouse_cached: bool) -> None:
         )
 
 
-def _docker_subnets() -> list[tuple[str, ipaddress.IPv4Network | ipaddress.IPv6Network]]:
+Found = list[tuple[str, ipaddress.IPv4Network | ipaddress.IPv6Network]]
+
+
+def _docker_subnets() -> Found:
     found = []
     for net_id in docker("network", "ls", "--quiet").split():
         info = inspect("network", net_id)
-        if info is None:
+        if info is None or info["Name"] == NETWORK:
             continue
         for cfg in (info.get("IPAM") or {}).get("Config") or []:
             if cfg.get("Subnet"):
@@ -54,18 +57,20 @@ def _docker_subnets() -> list[tuple[str, ipaddress.IPv4Network | ipaddress.IPv6N
     return found
 
 
-def _host_networks() -> list[tuple[str, ipaddress.IPv4Network | ipaddress.IPv6Network]]:
-    """Addresses on host interfaces and routed prefixes (but not the default route)."""
+def _host_networks(own_bridge: str | None) -> Found:
+    """Addresses on host interfaces and routed prefixes (not the default route, nor ours)."""
     found = []
     proc = run(["ip", "-json", "address", "show"], check=False)
     for link in json.loads(proc.stdout or "[]"):
+        if link.get("ifname") == own_bridge:
+            continue
         for addr in link.get("addr_info", []):
             if addr.get("family") == "inet":
                 net = ipaddress.ip_network(f"{addr['local']}/32")
                 found.append((f"address {addr['local']} on {link['ifname']}", net))
     proc = run(["ip", "-json", "route", "show"], check=False)
     for route in json.loads(proc.stdout or "[]"):
-        if route.get("dst") not in (None, "default"):
+        if route.get("dst") not in (None, "default") and route.get("dev") != own_bridge:
             net = ipaddress.ip_network(route["dst"], strict=False)
             found.append((f"route {route['dst']} via {route.get('dev', '?')}", net))
     for line in Path("/etc/resolv.conf").read_text().splitlines():
@@ -75,10 +80,19 @@ def _host_networks() -> list[tuple[str, ipaddress.IPv4Network | ipaddress.IPv6Ne
     return found
 
 
-def check_addresses(settings: Settings) -> None:
-    """Fail when the sandbox subnet overlaps a docker network or a host address/route.
+def own_bridge() -> str | None:
+    """The host interface of the sandbox network, when it exists."""
+    info = inspect("network", NETWORK)
+    if info is None:
+        return None
+    options = info.get("Options") or {}
+    return options.get("com.docker.network.bridge.name") or f"br-{info['Id'][:12]}"
 
-    Call only while the sandbox network does not exist yet (its own bridge would match).
+
+def check_addresses(settings: Settings) -> None:
+    """Fail when the sandbox subnet overlaps another docker network or a host address/route.
+
+    The sandbox's own network and bridge are left out, so re-running ``up`` passes.
     """
     for name, net in _docker_subnets():
         if net.version == 4 and net.overlaps(settings.subnet):
@@ -86,7 +100,7 @@ def check_addresses(settings: Settings) -> None:
                 f"address range {settings.subnet} already in use by docker network "
                 f"{name!r} ({net}); choose another with --subnet or SANDBOX_SUBNET"
             )
-    for what, net in _host_networks():
+    for what, net in _host_networks(own_bridge()):
         if net.version == 4 and net.overlaps(settings.subnet):
             raise SandboxError(
                 f"address range {settings.subnet} already in use on this host ({what}); "

@@ -84,7 +84,7 @@ def parse_subnet(text: str) -> ipaddress.IPv4Network:
     if not isinstance(net, ipaddress.IPv4Network):
         raise SandboxError(f"subnet {text!r} must be IPv4")
     if not net.is_private:
-        raise SandboxError(f"subnet {text} is not a private range (RFC 1918)")
+        raise SandboxError(f"subnet {text} is not a private address range")
     return net
 
 

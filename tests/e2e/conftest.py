@@ -1,0 +1,136 @@
+"""Shared fixtures of the end-to-end tier: a real sandbox cluster, brought up once.
+
+Other e2e modules use the session-scoped ``sandbox`` fixture; its attributes are a
+stable interface:
+
+- ``sandbox.root`` — repository root (``Path``); run playbooks from there.
+- ``sandbox.inventory`` — ``inventory/sandbox/hosts.yml`` (absolute ``Path``).
+- ``sandbox.key`` — the generated SSH private key (``Path``).
+- ``sandbox.nodes`` — list of ``SandboxNode(name, hostname, ip)``; ``nodes[0]`` is node1
+  (NFS server, registry, rank 0).
+- ``sandbox.mode`` — storage mode, ``"shared_volume"`` or ``"nfs"``.
+- ``sandbox.subnet`` — the cluster CIDR as a string.
+- ``sandbox.ssh(node, command)`` — run a shell command on a node (a ``SandboxNode`` or
+  its inventory name) over SSH with the sandbox key; returns ``CompletedProcess``.
+- ``sandbox.playbook(*args)`` — ``ansible-playbook -i <inventory> *args`` from the
+  repository root with the repository's ansible.cfg; returns ``CompletedProcess``.
+- ``sandbox.env`` — environment for Ansible commands (ANSIBLE_CONFIG, PATH with the venv).
+
+The fixture runs ``python -m sandbox up`` (creates, repairs or reuses the sandbox) and
+never tears it down: ``test_99_teardown.py`` does, last. Without a Docker engine the
+fixture fails, it never skips.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # `python -m sandbox` lives at the repository root
+    sys.path.insert(0, str(ROOT))
+
+from sandbox.settings import make_settings  # noqa: E402
+
+SSH_OPTIONS = [
+    "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+    "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+]  # fmt: skip
+UP_TIMEOUT = 1800  # a cold build (debootstrap + wheelhouse) takes minutes on 2 cores
+
+
+@dataclass(frozen=True)
+class SandboxNode:
+    name: str
+    hostname: str
+    ip: str
+
+
+@dataclass
+class Sandbox:
+    root: Path
+    inventory: Path
+    key: Path
+    nodes: list[SandboxNode]
+    mode: str
+    subnet: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    def node(self, name: str) -> SandboxNode:
+        return next(n for n in self.nodes if n.name == name)
+
+    def ssh(
+        self, node: SandboxNode | str, command: str, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        target = self.node(node) if isinstance(node, str) else node
+        args = ["ssh", "-i", str(self.key), *SSH_OPTIONS, f"root@{target.ip}", command]
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+
+    def playbook(self, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+        cmd = [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(self.inventory), *args]
+        return subprocess.run(
+            cmd, cwd=self.root, env=self.env, capture_output=True, text=True,
+            timeout=timeout, check=False,
+        )  # fmt: skip
+
+
+def sandbox_cli(*args: str, timeout: float = UP_TIMEOUT) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m sandbox ARGS`` from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", "sandbox", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def docker_names(kind: str, *filters: str) -> list[str]:
+    """Names of docker objects of ``kind`` (container/network/volume) matching filters."""
+    fmt = "{{.Names}}" if kind == "container" else "{{.Name}}"
+    args = ["docker", kind, "ls", "--format", fmt]
+    if kind == "container":
+        args.append("--all")
+    for flt in filters:
+        args += ["--filter", flt]
+    proc = subprocess.run(args, capture_output=True, text=True, check=True, timeout=60)
+    return sorted(proc.stdout.split())
+
+
+def _require_engine() -> None:
+    proc = subprocess.run(
+        ["docker", "info", "--format", "{{.ServerVersion}}"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        pytest.fail(
+            "no Docker engine answers (the e2e tier needs one; run sandbox/host-deps.sh): "
+            + (proc.stderr.strip().splitlines() or ["docker info failed"])[-1],
+            pytrace=False,
+        )
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> Sandbox:
+    _require_engine()
+    proc = sandbox_cli("up")
+    if proc.returncode != 0:
+        pytest.fail(f"'python -m sandbox up' failed:\n{proc.stdout}{proc.stderr}", pytrace=False)
+    settings = make_settings(None, None)
+    overrides = settings.inventory_dir / "group_vars" / "all" / "zz_sandbox.yml"
+    values = yaml.safe_load(overrides.read_text())
+    env = dict(os.environ)
+    env["ANSIBLE_CONFIG"] = str(ROOT / "ansible.cfg")
+    env["PATH"] = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return Sandbox(
+        root=ROOT,
+        inventory=settings.inventory_dir / "hosts.yml",
+        key=settings.key_path,
+        nodes=[SandboxNode(n.name, n.container, n.ip) for n in settings.nodes],
+        mode=values["sandbox_storage_mode"],
+        subnet=str(settings.subnet),
+        env=env,
+    )
