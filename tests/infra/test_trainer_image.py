@@ -1,0 +1,138 @@
+"""Node checks for the training image (role trainer_image), run on every host:
+
+    pytest tests/infra --hosts=ansible://all --ansible-inventory=<inventory>
+
+Every trainer holds the exact content-hash image named in /etc/ddpfleet/trainer_image; the
+image carries that hash, runs as the shared storage's owner uid and imports the pinned torch;
+the registry holds the hash tag with the moving tag on the same image.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STATE_FILE = "/etc/ddpfleet/trainer_image"
+# Role defaults (roles/trainer_image, roles/nfs_server); the inventory may override each one.
+DEFAULTS: dict[str, Any] = {
+    "trainer_image_name": "ddpfleet/trainer",
+    "trainer_image_moving_tag": "latest",
+    "trainer_image_build_dir": "/var/lib/ddpfleet/build/trainer",
+    "nfs_owner_uid": 2000,
+    "nfs_owner_gid": 2000,
+}
+
+
+def pinned(package: str) -> str:
+    """The version requirements.txt pins for ``package`` (the image must carry it)."""
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        name, _, version = line.partition("==")
+        if name.strip().lower() == package:
+            return version.strip()
+    raise AssertionError(f"requirements.txt does not pin {package}")
+
+
+@pytest.fixture
+def image(
+    ansible_var: Callable[[str], Any], registry_address: str, in_group: Callable[[str], bool]
+) -> dict[str, Any]:
+    """This host's image settings as the role saw them (inventory, else the role defaults)."""
+    found: dict[str, Any] = {}
+    for key, default in DEFAULTS.items():
+        try:
+            found[key] = ansible_var(key)
+        except KeyError:
+            found[key] = default
+    found["repo"] = f"{registry_address}/{found['trainer_image_name']}"
+    found["is_trainer"] = in_group("trainers")
+    found["is_builder"] = in_group("registry")
+    return found
+
+
+@pytest.fixture
+def ref(host: Any, image: dict[str, Any]) -> str:
+    """The reference recorded on this host (trainers and the registry host only)."""
+    if not (image["is_trainer"] or image["is_builder"]):
+        pytest.skip("neither a trainer nor the registry host: no training image here")
+    state = host.file(STATE_FILE)
+    assert state.exists, f"{STATE_FILE} is missing"
+    return state.content_string.strip()
+
+
+def docker_run(host: Any, ref: str, command: str) -> Any:
+    return host.run(f"docker run --rm --network none {shlex.quote(ref)} {command}")
+
+
+def test_state_file_names_a_content_hash_tag(host: Any, image: dict[str, Any], ref: str) -> None:
+    state = host.file(STATE_FILE)
+    assert (state.user, state.group, state.mode) == ("root", "root", 0o644)
+    assert host.file("/etc/ddpfleet").mode == 0o755
+    assert re.fullmatch(re.escape(image["repo"]) + r":[0-9a-f]{12}", ref), ref
+
+
+def test_every_trainer_holds_the_image(host: Any, image: dict[str, Any], ref: str) -> None:
+    if not image["is_trainer"]:
+        pytest.skip("not a trainer: the image is pre-pulled on trainers only")
+    inspect = host.run(f"docker image inspect {shlex.quote(ref)}")
+    assert inspect.rc == 0, f"{ref} is not on this trainer: {inspect.stderr}"
+    config = json.loads(inspect.stdout)[0]["Config"]
+    assert config["Labels"]["io.ddpfleet.content-hash"] == ref.rsplit(":", 1)[1]
+    assert config["User"] == f"{image['nfs_owner_uid']}:{image['nfs_owner_gid']}"
+
+
+def test_image_runs_as_the_shared_storage_owner(host: Any, image: dict[str, Any], ref: str) -> None:
+    if not image["is_trainer"]:
+        pytest.skip("not a trainer: the image is pre-pulled on trainers only")
+    ids = docker_run(host, ref, "sh -c 'echo $(id -u):$(id -g)'")
+    assert ids.rc == 0, ids.stderr
+    assert ids.stdout.strip() == f"{image['nfs_owner_uid']}:{image['nfs_owner_gid']}"
+
+
+def test_image_carries_the_pinned_stack(host: Any, image: dict[str, Any], ref: str) -> None:
+    if not image["is_trainer"]:
+        pytest.skip("not a trainer: the image is pre-pulled on trainers only")
+    versions = docker_run(host, ref, "python /opt/ddpfleet/versions.py")
+    assert versions.rc == 0, versions.stderr
+    found = dict(
+        (key.strip(), value.strip())
+        for key, _, value in (line.partition(":") for line in versions.stdout.splitlines())
+    )
+    assert found["torch"].split("+")[0] == pinned("torch")
+    assert found["torchvision"].split("+")[0] == pinned("torchvision")
+    assert found["trainer"]
+    assert {"cuda (build)", "cudnn", "nccl"} <= found.keys()
+
+
+def manifest(host: Any, reference: str) -> dict[str, Any]:
+    shown = host.run(f"docker manifest inspect {shlex.quote(reference)}")
+    assert shown.rc == 0, f"the registry lacks {reference}: {shown.stderr}"
+    return json.loads(shown.stdout)
+
+
+def test_registry_holds_the_hash_and_the_moving_tag(
+    host: Any, image: dict[str, Any], ref: str
+) -> None:
+    if not image["is_builder"]:
+        pytest.skip("the registry host checks the registry")
+    by_hash = manifest(host, ref)
+    moving = manifest(host, f"{image['repo']}:{image['trainer_image_moving_tag']}")
+    assert by_hash["config"]["digest"] == moving["config"]["digest"]
+
+
+def test_build_context_is_private_and_holds_no_wheelhouse(
+    host: Any, image: dict[str, Any], ref: str
+) -> None:
+    if not image["is_builder"]:
+        pytest.skip("only the registry host builds")
+    context = host.file(image["trainer_image_build_dir"])
+    assert context.is_directory
+    assert (context.user, context.mode) == ("root", 0o750)
+    assert not host.file(f"{image['trainer_image_build_dir']}/wheelhouse").exists
+    assert host.file(f"{image['trainer_image_build_dir']}/Dockerfile").exists
