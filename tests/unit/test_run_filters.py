@@ -173,3 +173,16 @@ def test_launch_wrapper_is_posix_sh():
     """dash (Debian's /bin/sh, the image's) parses the wrapper."""
     dash = "/bin/dash" if Path("/bin/dash").exists() else "/bin/sh"
     subprocess.run([dash, "-n", str(ROLE / "files" / "launch.sh")], check=True)
+
+
+def test_outcomes_count_a_missing_result_as_failed():
+    hostvars = {
+        "n1": {"__trainer_run_supervise": {"outcome": "completed"}},
+        "n2": {"__trainer_run_supervise": {"failed": True, "msg": "module crashed"}},
+        "n3": {},
+    }
+    assert filters.outcomes(["n1", "n2", "n3"], hostvars) == {
+        "n1": "completed",
+        "n2": "failed",
+        "n3": "failed",
+    }

@@ -97,6 +97,19 @@ def peers(hosts: list[str], hostvars: object) -> list[dict]:
     return out
 
 
+def outcomes(hosts: list[str], hostvars: object, key: str = "__trainer_run_supervise") -> dict:
+    """{host: completed|stopped|peer_failed|failed} from each host's supervise result.
+
+    A result without an outcome (the module itself crashed, or never ran) counts as failed.
+    """
+    out = {}
+    for host in hosts:
+        result = hostvars[host].get(key) or {}  # type: ignore[index]
+        outcome = result.get("outcome") if isinstance(result, dict) else None
+        out[host] = str(outcome) if outcome else "failed"
+    return out
+
+
 def status_lines(hosts: list[str], hostvars: object, run_id: str, rank0: str) -> list[str]:
     """status.yml's report from each host's registered ddpfleet_run_state result."""
     states = {h: dict(hostvars[h].get("__trainer_run_state") or {}) for h in hosts}  # type: ignore[index]
@@ -153,4 +166,5 @@ class FilterModule:
             "ddpfleet_bad_bools": bad_bools,
             "ddpfleet_peers": peers,
             "ddpfleet_status_lines": status_lines,
+            "ddpfleet_outcomes": outcomes,
         }
