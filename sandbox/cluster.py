@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from sandbox import images, inventory, nodes, preflight, wheelhouse
 from sandbox.dockercli import (
     LABEL,
     SandboxError,
     docker,
-    docker_ok,
     engine_version,
     inspect,
     labelled,
@@ -58,6 +56,7 @@ def up(settings: Settings) -> None:
     started = time.monotonic()
     engine_version()
     mode = nodes.storage_mode()
+    timeout = nodes.boot_timeout()
     preflight.check_addresses(settings)
     have_network = preflight.existing_network(settings)
     existing = labelled("container")
@@ -87,7 +86,7 @@ def up(settings: Settings) -> None:
         _ensure_volume(node.docker_volume)
         actions[node.name] = nodes.ensure_running(settings, node, image, mode)
     _forget_facts(settings, [name for name, done in actions.items() if done == "created"])
-    boot = nodes.wait_booted(settings.nodes)
+    boot = nodes.wait_booted(settings.nodes, timeout)
     for node in settings.nodes:
         nodes.authorize_key(node, public_key)
         nodes.wait_ssh(settings, node)
@@ -157,26 +156,26 @@ def down(settings: Settings, purge: bool = False) -> None:
 
 
 def status(settings: Settings) -> int:
+    """Print the nodes that exist (whatever --nodes says), their IPs and states, and the mode."""
     engine_version()
-    containers = set(labelled("container"))
+    containers = labelled("container")
     if not containers:
         print("sandbox: not created (run 'python -m sandbox up')")
         return 1
     healthy = True
-    for node in settings.nodes:
-        info = inspect("container", node.container)
-        state = info["State"]["Status"] if info else "missing"
+    for name in containers:
+        info = inspect("container", name) or {}
+        labels = info.get("Config", {}).get("Labels") or {}
+        networks = info.get("NetworkSettings", {}).get("Networks") or {}
+        ip = (networks.get(NETWORK) or {}).get("IPAddress") or "-"
+        state = info.get("State", {}).get("Status", "missing")
         if state == "running":
-            ok = docker_ok("exec", node.container, "systemctl", "is-system-running", "--quiet")
-            state = "running" if ok else "running (systemd not ready)"
-        healthy = healthy and state == "running"
-        print(f"{node.name}  {node.container}  {node.ip}  {state}")
+            proc = run(["docker", "exec", name, "systemctl", "is-system-running"], check=False)
+            state = f"running, systemd {proc.stdout.strip() or 'unreachable'}"
+        healthy = healthy and state in ("running, systemd running", "running, systemd degraded")
+        print(f"{labels.get(f'{LABEL}.node', '?')}  {name}  {ip}  {state}")
     mode = nodes.storage_mode()
     print(f"storage mode: {mode} ({_mode_text(mode)})")
     hosts = settings.inventory_dir / "hosts.yml"
     print(f"inventory: {hosts.relative_to(settings.root) if hosts.exists() else 'not written'}")
     return 0 if healthy else 1
-
-
-def public_key_path(settings: Settings) -> Path:
-    return settings.key_path.with_suffix(".pub")

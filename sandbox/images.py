@@ -66,7 +66,7 @@ def _debootstrap(rootfs: Path, packages: list[str], debs: Path) -> None:
 
 def _build_tarball(tag: str, packages_file: str, setup: str | None, cache: Path) -> Path:
     """Debootstrap a rootfs for ``tag`` and pack it as a tarball under ``cache``."""
-    tarball = cache / "rootfs" / f"{tag.replace('/', '_').replace(':', '_')}.tar"
+    tarball = cache / "rootfs" / _tarball_name(tag)
     if tarball.exists():
         return tarball
     tarball.parent.mkdir(parents=True, exist_ok=True)
@@ -87,11 +87,29 @@ def _build_tarball(tag: str, packages_file: str, setup: str | None, cache: Path)
     return tarball
 
 
+def _tarball_name(tag: str) -> str:
+    return f"{tag.replace('/', '_').replace(':', '_')}.tar"
+
+
 def _import(tag: str, tarball: Path, changes: list[str]) -> None:
     args = ["docker", "import", "--change", f"LABEL {CACHE_LABEL}=1"]
     for change in changes:
         args += ["--change", change]
     run([*args, str(tarball), tag], timeout=600)
+    _prune_superseded(tag, tarball.parent)
+
+
+def _prune_superseded(tag: str, rootfs_cache: Path) -> None:
+    """Drop older builds of the same image (an edited recipe): tags no container uses, tarballs."""
+    repo = tag.split(":", maxsplit=1)[0]
+    out = docker("image", "ls", repo, "--filter", f"label={CACHE_LABEL}", "--format", "{{.Tag}}")
+    for old in out.split():
+        if f"{repo}:{old}" != tag:
+            run(["docker", "image", "rm", f"{repo}:{old}"], check=False)  # in use: kept
+    prefix = _tarball_name(f"{repo}:")
+    for path in rootfs_cache.glob(f"{prefix}*.tar"):
+        if path.name != _tarball_name(tag):
+            path.unlink()
 
 
 def ensure_node_image(cache: Path) -> str:

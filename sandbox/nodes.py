@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from sandbox.settings import (
 )
 
 BOOT_TIMEOUT = 120.0
+"""Seconds a node may take to reach systemd running/degraded (env SANDBOX_BOOT_TIMEOUT)."""
 SSH_OPTIONS = [
     "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
     "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
@@ -100,7 +102,15 @@ def journal_tail(node: Node, lines: int = 15) -> str:
     return proc.stdout.rstrip()
 
 
-def wait_booted(nodes: list[Node], timeout: float = BOOT_TIMEOUT) -> dict[str, float]:
+def boot_timeout() -> float:
+    raw = os.environ.get("SANDBOX_BOOT_TIMEOUT", str(BOOT_TIMEOUT))
+    try:
+        return float(raw)
+    except ValueError:
+        raise SandboxError(f"SANDBOX_BOOT_TIMEOUT={raw!r} is not a number of seconds") from None
+
+
+def wait_booted(nodes: list[Node], timeout: float) -> dict[str, float]:
     """Wait until systemd on every node is running (or degraded); return boot seconds."""
     started = time.monotonic()
     pending, booted = list(nodes), {}
@@ -119,7 +129,9 @@ def wait_booted(nodes: list[Node], timeout: float = BOOT_TIMEOUT) -> dict[str, f
             elif time.monotonic() - started > timeout or not _is_running(node):
                 raise SandboxError(
                     f"node {node.name} ({node.container}) failed to boot within {timeout:.0f}s "
-                    f"(systemd state: {state}); last journal lines:\n{journal_tail(node)}"
+                    f"(systemd state: {state}; inspect it with 'docker exec -it {node.container} "
+                    "bash', remove it with 'python -m sandbox down'); last journal lines:\n"
+                    f"{journal_tail(node)}"
                 )
         if pending:
             time.sleep(0.5)

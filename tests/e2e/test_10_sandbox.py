@@ -28,9 +28,10 @@ def _ok(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def _require_fresh(sandbox: Sandbox, node: SandboxNode) -> None:
-    if sandbox.ssh(node, "test -e /etc/ddpfleet").returncode == 0:
+    touched = "test -e /etc/ddpfleet || grep -q 'ddpfleet managed' /etc/hosts"
+    if sandbox.ssh(node, touched).returncode == 0:
         pytest.fail(
-            f"{node.name} was already provisioned by site.yml; fresh-state checks need a new "
+            f"{node.name} was already changed by ddpfleet's roles; fresh-state checks need a new "
             "sandbox: run 'make sandbox-down' first",
             pytrace=False,
         )
@@ -160,6 +161,15 @@ def test_registry_node_sees_wheelhouse_and_trainer_base(sandbox: Sandbox) -> Non
     out = _ok(sandbox.ssh(first, "ls /opt/ddpfleet/wheelhouse /opt/ddpfleet/images"))
     assert "trainer-base.tar" in out
     assert any(line.startswith("torch-") and line.endswith(".whl") for line in out.split())
+
+
+def test_up_repairs_a_missing_node(sandbox: Sandbox) -> None:
+    last = sandbox.nodes[-1]
+    subprocess.run(["docker", "rm", "--force", last.hostname], capture_output=True, check=True)
+    proc = sandbox_cli("up", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{last.name}  {last.hostname}  {last.ip}  created" in proc.stdout
+    assert _ok(sandbox.ssh(last, "hostname")).strip() == last.hostname
 
 
 def test_up_again_is_a_quick_no_op(sandbox: Sandbox) -> None:

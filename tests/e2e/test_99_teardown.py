@@ -5,11 +5,13 @@ Runs last (file order): it destroys the cluster the other e2e modules used.
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
-from conftest import Sandbox, docker_names, sandbox_cli
+from conftest import ROOT, Sandbox, docker_names, sandbox_cli
 
 from sandbox.images import node_tag
 from sandbox.inventory import written_files
@@ -92,3 +94,26 @@ def test_down_again_is_a_no_op(torn_down: subprocess.CompletedProcess[str]) -> N
     again = sandbox_cli("down", timeout=120)
     assert again.returncode == 0, again.stderr
     assert "removed containers: none" in again.stdout
+
+
+def test_node_that_fails_to_boot_is_reported_with_its_journal(
+    torn_down: subprocess.CompletedProcess[str],
+) -> None:
+    """A node not booted within SANDBOX_BOOT_TIMEOUT: one error line plus its journal tail."""
+    assert torn_down.returncode == 0
+    env = {**os.environ, "SANDBOX_BOOT_TIMEOUT": "0"}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "sandbox", "up", "--nodes", "1"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 1
+        first, *journal = proc.stderr.splitlines()
+        assert first.startswith("sandbox: node node1 (ddpfleet-node1) failed to boot within 0s")
+        assert "last journal lines:" in first
+        assert journal, "no journal lines after the error"
+        assert "Traceback" not in proc.stderr
+    finally:
+        cleanup = sandbox_cli("down", timeout=300)
+    assert cleanup.returncode == 0, cleanup.stderr
+    assert docker_names("container", LABEL_FILTER) == []
