@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make sure this host can run the sandbox: a Docker engine that answers, debootstrap
-# (to build node images without pulling anything) and an SSH client.
+# (to build node images without pulling anything), an SSH client and iproute2 (the
+# address-range check reads `ip -json address/route`).
 #
 # Where everything is present this returns in well under a second. Where the engine is
 # missing and we are root on a Debian-like host whose PID 1 is not systemd (a CI
@@ -25,7 +26,7 @@ engine_answers() {
 
 missing_tools() {
 	local tool missing=()
-	for tool in debootstrap ssh ssh-keygen; do
+	for tool in debootstrap ssh ssh-keygen ip; do
 		command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 	done
 	echo "${missing[@]:-}"
@@ -66,7 +67,7 @@ start_dockerd() {
 main() {
 	local packages=() missing
 	missing=$(missing_tools)
-	[[ -n $missing ]] && packages+=(debootstrap openssh-client)
+	[[ -n $missing ]] && packages+=(debootstrap openssh-client iproute2)
 	if ! engine_answers && ! command -v dockerd >/dev/null 2>&1; then
 		packages+=(docker.io)
 	fi
