@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from sandbox import images, inventory, nodes, preflight, wheelhouse
 from sandbox.dockercli import (
@@ -15,6 +18,19 @@ from sandbox.dockercli import (
     run,
 )
 from sandbox.settings import NETWORK, SHARED_VOLUME, Settings
+
+
+@contextmanager
+def _exclusive(settings: Settings) -> Iterator[None]:
+    """One up/down at a time (e2e runs and users share one engine)."""
+    settings.cache.mkdir(parents=True, exist_ok=True)
+    with (settings.cache / "lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print("sandbox: waiting for another 'python -m sandbox' command to finish…")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _ensure_key(settings: Settings) -> str:
@@ -53,6 +69,11 @@ def _forget_facts(settings: Settings, names: list[str]) -> None:
 
 
 def up(settings: Settings) -> None:
+    with _exclusive(settings):
+        _up(settings)
+
+
+def _up(settings: Settings) -> None:
     started = time.monotonic()
     engine_version()
     mode = nodes.storage_mode()
@@ -112,6 +133,11 @@ def _mode_text(mode: str) -> str:
 
 
 def down(settings: Settings, purge: bool = False) -> None:
+    with _exclusive(settings):
+        _down(settings, purge)
+
+
+def _down(settings: Settings, purge: bool) -> None:
     started = time.monotonic()
     engine_version()
     containers = labelled("container")

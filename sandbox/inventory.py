@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
+import os
 from pathlib import Path
 
 from sandbox.settings import (
@@ -94,6 +94,15 @@ def written_files(settings: Settings) -> list[Path]:
     return files
 
 
+def _write(path: Path, text: str) -> None:
+    """Replace ``path`` atomically, and only when its content changes (Ansible may be reading)."""
+    if path.exists() and path.read_text() == text:
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def write(settings: Settings, mode: str, trainer_base: str, archive: str) -> Path:
     """Write the inventory; return the path of hosts.yml."""
     inv = settings.inventory_dir
@@ -101,11 +110,11 @@ def write(settings: Settings, mode: str, trainer_base: str, archive: str) -> Pat
     group_vars.mkdir(parents=True, exist_ok=True)
     sample = settings.root / "inventory" / "sample" / "group_vars" / "all"
     for path in sorted(sample.glob("*.yml")):
-        shutil.copyfile(path, group_vars / path.name)
-    (group_vars / OVERRIDES).write_text(overrides_yaml(settings, mode, trainer_base, archive))
-    (inv / DEMO).write_text(demo_yaml())
+        _write(group_vars / path.name, path.read_text())
+    _write(group_vars / OVERRIDES, overrides_yaml(settings, mode, trainer_base, archive))
+    _write(inv / DEMO, demo_yaml())
     hosts = inv / "hosts.yml"
-    hosts.write_text(hosts_yaml(settings))
+    _write(hosts, hosts_yaml(settings))
     return hosts
 
 

@@ -75,6 +75,11 @@ def ensure_running(settings: Settings, node: Node, image: str, mode: str) -> str
         raise SandboxError(
             f"a container named {node.container} exists but was not made by the sandbox"
         )
+    if info["Config"].get("Image") != image:
+        print(
+            f"sandbox: note: {node.name} runs an older node image ({info['Config'].get('Image')}); "
+            "'python -m sandbox down' and 'up' to use the current recipe"
+        )
     if not info["State"]["Running"]:
         docker("start", node.container)
         return "started"
