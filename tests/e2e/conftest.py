@@ -16,6 +16,9 @@ stable interface:
   repository root with the repository's ansible.cfg; returns ``CompletedProcess``.
 - ``sandbox.env`` — environment for Ansible commands (ANSIBLE_CONFIG, PATH with the venv).
 
+``provisioned`` (from ``site_fixtures.py``, re-exported here) is site.yml applied once
+on top of ``sandbox``.
+
 The fixture runs ``python -m sandbox up`` (creates, repairs or reuses the sandbox) and
 never tears it down: ``test_99_teardown.py`` does, last. Without a Docker engine the
 fixture fails, it never skips.
@@ -35,6 +38,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `python -m sandbox` lives at the repository root
     sys.path.insert(0, str(ROOT))
+
+from site_fixtures import provisioned  # noqa: E402, F401 - `provisioned`: site.yml applied once
 
 from sandbox.settings import make_settings  # noqa: E402
 
