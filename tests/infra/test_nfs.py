@@ -29,7 +29,7 @@ DEFAULTS: dict[str, Any] = {
 }
 SERVICES = {"kernel": "nfs-server", "ganesha": "nfs-ganesha"}
 SUBDIRS = ("datasets", "runs")
-PROBE = "/usr/local/libexec/ddpfleet-nfs-probe"
+PROBE = "/usr/local/sbin/ddpfleet-nfs-probe"
 SETGID_2775 = 0o2775
 
 
