@@ -70,7 +70,7 @@ def _build_tarball(tag: str, packages_file: str, setup: str | None, cache: Path)
     if tarball.exists():
         return tarball
     tarball.parent.mkdir(parents=True, exist_ok=True)
-    print(f"sandbox: building {tag} with debootstrap (about a minute)…", flush=True)
+    print(f"sandbox: building {tag} with debootstrap (1-3 minutes)…", flush=True)
     with tempfile.TemporaryDirectory(dir=cache, prefix="rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
         _debootstrap(rootfs, _packages(packages_file), cache / "debs")

@@ -19,13 +19,18 @@ HEADER = (
 OVERRIDES = "zz_sandbox.yml"
 DEMO = "demo.yml"
 
-# Small training settings so a run ends in minutes on a 2-core machine without GPUs.
+# Small training settings so a run ends in minutes on a 2-core machine without GPUs, where
+# every node's rank shares the same cores: one thread per rank, no loader processes, a
+# small /dev/shm (the nodes' containers live in the host's memory).
 DEMO_TRAINING = {
     "train_image_size": "64",
     "train_batch_size": "8",
     "train_max_steps": "30",
     "train_synthetic": "true",
     "train_nproc_per_node": "1",
+    "train_workers": "0",
+    "train_omp_num_threads": "1",
+    "train_shm_size_mb": "256",
 }
 
 
