@@ -6,7 +6,9 @@ Runs first among the e2e modules (file order), before site.yml changes the nodes
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -216,3 +218,14 @@ def test_subnet_overlapping_a_docker_network_is_refused() -> None:
         assert docker_names("container", LABEL_FILTER) == before
     finally:
         subprocess.run(["docker", "network", "rm", other], capture_output=True, check=False)
+
+
+def test_no_docker_engine_is_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sandbox", "up"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("sandbox: no Docker engine answers")
