@@ -186,3 +186,16 @@ def test_outcomes_count_a_missing_result_as_failed():
         "n2": "failed",
         "n3": "failed",
     }
+
+
+@pytest.mark.parametrize(
+    ("granted", "expected"),
+    [
+        ({}, ["memlock:-1:-1", "stack:67108864:67108864"]),
+        ({"memlock": -1, "stack": -1}, ["memlock:-1:-1", "stack:67108864:67108864"]),
+        ({"memlock": 8388608, "stack": -1}, ["memlock:8388608:8388608", "stack:67108864:67108864"]),
+        ({"memlock": 65536, "stack": 8388608}, ["memlock:65536:65536", "stack:8388608:8388608"]),
+    ],
+)
+def test_ulimits_are_capped_to_what_the_engine_grants(granted, expected):
+    assert filters.ulimits({"memlock": -1, "stack": 67108864}, granted) == expected

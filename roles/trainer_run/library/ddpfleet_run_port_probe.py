@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import socket
 import time
+from collections import Counter
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -69,16 +70,17 @@ def main() -> None:
             module.fail_json(msg=f"rendezvous port {p['port']} is busy on {p['host']}")
         module.fail_json(msg=f"cannot bind rendezvous port {p['port']} on {p['host']}: {exc}")
     sock.listen(64)
-    connected: set[str] = set()
+    # Count connections per address: several hosts may share one (e.g. behind NAT).
+    connected: Counter[str] = Counter()
     deadline = time.time() + p["timeout"]
-    want = set(p["expect"])
-    while not want <= connected and time.time() < deadline:
+    want = Counter(p["expect"])
+    while any(connected[a] < n for a, n in want.items()) and time.time() < deadline:
         sock.settimeout(max(0.1, deadline - time.time()))
         try:
             conn, addr = sock.accept()
         except TimeoutError:
             break
-        connected.add(addr[0])
+        connected[addr[0]] += 1
         conn.close()
     sock.close()
     missing = sorted(want - connected)

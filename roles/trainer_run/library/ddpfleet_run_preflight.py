@@ -66,6 +66,10 @@ author: ddpfleet
 """
 
 RETURN = r"""
+ulimits:
+  description: What the container engine may grant, {memlock, stack} in bytes (-1 unlimited).
+  type: dict
+  returned: always
 gpu_models:
   description: Model names of the GPUs found.
   type: list
@@ -79,6 +83,45 @@ def mem_total_mb() -> int:
             if line.startswith("MemTotal:"):
                 return int(line.split()[1]) // 1024
     return 0
+
+
+CAP_SYS_RESOURCE = 24
+LIMIT_ROWS = {"memlock": "Max locked memory", "stack": "Max stack size"}
+
+
+def dockerd_pid() -> int | None:
+    """PID of the Docker engine (dockerd) on this host."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/comm", encoding="ascii") as fh:
+                    if fh.read().strip() == "dockerd":
+                        return int(entry)
+            except OSError:
+                continue
+    return None
+
+
+def engine_ulimits(pid: int | None) -> dict[str, int]:
+    """Hard limits a container can get: unlimited (-1) when dockerd holds CAP_SYS_RESOURCE,
+    else dockerd's own hard limits (an engine nested in a container cannot raise them)."""
+    if pid is None:
+        return {"memlock": -1, "stack": -1}
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            caps = next(int(ln.split()[1], 16) for ln in fh if ln.startswith("CapEff:"))
+        with open(f"/proc/{pid}/limits", encoding="ascii") as fh:
+            rows = fh.read().splitlines()
+    except (OSError, StopIteration, ValueError):
+        return {"memlock": -1, "stack": -1}
+    if caps & (1 << CAP_SYS_RESOURCE):
+        return {"memlock": -1, "stack": -1}
+    limits = {}
+    for key, label in LIMIT_ROWS.items():
+        row = next((r for r in rows if r.startswith(label)), "")
+        hard = row[len(label) :].split()[1] if row else "unlimited"
+        limits[key] = -1 if hard == "unlimited" else int(hard)
+    return limits
 
 
 def check_names(peers: list[dict]) -> list[str]:
@@ -168,7 +211,7 @@ def main() -> None:
     problems += gpu_problems + check_shared(p)
     if problems:
         module.fail_json(msg=f"preflight failed on {p['host']}: " + "; ".join(problems))
-    module.exit_json(changed=False, gpu_models=models)
+    module.exit_json(changed=False, gpu_models=models, ulimits=engine_ulimits(dockerd_pid()))
 
 
 if __name__ == "__main__":

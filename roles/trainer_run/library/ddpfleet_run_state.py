@@ -124,7 +124,7 @@ def main() -> None:
     found = containers(module, p["run_id"])
     now = time.time()
     result: dict = {"changed": False, "containers": found}
-    result["running"] = any(c["state"] in ("running", "restarting", "created") for c in found)
+    result["running"] = any(c["state"] in ("running", "restarting") for c in found)
     with as_owner(p["uid"], p["gid"]):
         beats = read_heartbeats(p["run_dir"], global_ranks(p["node_rank"], p["nproc_per_node"]))
         result["heartbeats"] = [

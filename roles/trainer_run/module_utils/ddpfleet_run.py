@@ -121,13 +121,9 @@ def root_cause(markers: list[dict]) -> dict | None:
 
 
 def cause_line(run_id: str, marker: dict) -> str:
-    """The one-line failure cause train.yml exits with."""
-    code = marker.get("exit_code")
-    code_txt = "none" if code is None else str(code)
-    return (
-        f"run {run_id} failed: host {marker.get('host')} rank {marker.get('rank')}: "
-        f"{marker.get('reason')} (exit code {code_txt})"
-    )
+    """The one-line failure cause train.yml exits with (the reason names any exit code)."""
+    where = f"host {marker.get('host')} rank {marker.get('rank')}"
+    return f"run {run_id} failed: {where}: {marker.get('reason')}"
 
 
 def tail_lines(text: str, count: int) -> list[str]:
