@@ -34,21 +34,13 @@ SETGID_2775 = 0o2775
 
 
 @pytest.fixture
-def cfg(
-    ansible_var: Callable[[str], Any],
-    inventory_vars: dict[str, Any],
-    in_group: Callable[[str], bool],
-) -> dict[str, Any]:
+def cfg(inventory_vars: dict[str, Any], in_group: Callable[[str], bool]) -> dict[str, Any]:
     """This host's NFS settings as the roles saw them (inventory, else the roles' defaults)."""
-    found: dict[str, Any] = {}
-    for key, default in DEFAULTS.items():
-        try:
-            found[key] = ansible_var(key)
-        except KeyError:
-            found[key] = default
+    # These settings are plain values in the inventory (no templates): read them raw.
+    found = {key: inventory_vars.get(key, default) for key, default in DEFAULTS.items()}
     for key in ("nfs_owner_uid", "nfs_owner_gid"):
         found[key] = int(found[key])
-    found["cluster_cidr"] = ansible_var("cluster_cidr")
+    found["cluster_cidr"] = inventory_vars["cluster_cidr"]
     found["inventory_hostname"] = inventory_vars["inventory_hostname"]
     found["groups"] = inventory_vars["groups"]
     found["server"] = inventory_vars["groups"]["nfs_server"][0]

@@ -41,15 +41,11 @@ def pinned(package: str) -> str:
 
 @pytest.fixture
 def image(
-    ansible_var: Callable[[str], Any], registry_address: str, in_group: Callable[[str], bool]
+    inventory_vars: dict[str, Any], registry_address: str, in_group: Callable[[str], bool]
 ) -> dict[str, Any]:
     """This host's image settings as the role saw them (inventory, else the role defaults)."""
-    found: dict[str, Any] = {}
-    for key, default in DEFAULTS.items():
-        try:
-            found[key] = ansible_var(key)
-        except KeyError:
-            found[key] = default
+    # These settings are plain values in the inventory (no templates): read them raw.
+    found = {key: inventory_vars.get(key, default) for key, default in DEFAULTS.items()}
     found["repo"] = f"{registry_address}/{found['trainer_image_name']}"
     found["is_trainer"] = in_group("trainers")
     found["is_builder"] = in_group("registry")
