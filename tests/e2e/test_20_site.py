@@ -3,6 +3,7 @@ and preflight refuses bad input before any host changes."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from typing import Any
@@ -79,3 +80,54 @@ def test_preflight_refuses_bad_cidr_before_any_change(
     assert repaired.recap[node.name]["changed"] >= 1
     after = sandbox.ssh(node, "cat /etc/hosts")
     assert drift not in after.stdout.splitlines()
+
+
+def test_docker_keeps_foreign_daemon_json_keys(provisioned: PlaybookRun, sandbox: Any) -> None:
+    """A key ddpfleet does not manage, in another tool's formatting, survives untouched."""
+    node = sandbox.nodes[-1]
+    original = sandbox.ssh(node, "cat /etc/docker/daemon.json").stdout
+    foreign = (
+        'python3 -c \'import json; p="/etc/docker/daemon.json"; d=json.load(open(p)); '
+        'd["max-concurrent-downloads"]=3; open(p,"w").write(json.dumps(d, indent=4))\''
+    )
+    try:
+        assert sandbox.ssh(node, foreign).returncode == 0
+        run = run_site(sandbox, "--limit", node.name, "--tags", "docker")
+        assert run.rc == 0, run.tail()
+        assert run.changed_hosts() == {}, run.tail()
+        kept = json.loads(sandbox.ssh(node, "cat /etc/docker/daemon.json").stdout)
+        assert kept["max-concurrent-downloads"] == 3
+    finally:
+        restore = f"cat > /etc/docker/daemon.json <<'JSON'\n{original}JSON"
+        sandbox.ssh(node, restore)
+
+
+def test_docker_only_reloads_under_a_training_container(
+    provisioned: PlaybookRun, sandbox: Any
+) -> None:
+    """A daemon.json change while a run_id-labelled container runs keeps dockerd's PID."""
+    node = sandbox.nodes[-1]
+    image = sandbox.ssh(node, "cat /etc/ddpfleet/trainer_image").stdout.strip()
+    assert image, "no trainer image recorded on the node"
+    started = sandbox.ssh(
+        node,
+        "docker run -d --name ddpfleet-e2e-guard --label io.ddpfleet.run_id=e2e-guard "
+        f"--entrypoint sleep {image} 600",
+    )
+    assert started.returncode == 0, started.stderr
+    pid = "systemctl show --property=MainPID --value docker"
+    before = sandbox.ssh(node, pid).stdout.strip()
+    try:
+        run = run_site(
+            sandbox, "--limit", node.name, "--tags", "docker", "-e", "docker_log_max_file=6"
+        )
+        assert run.rc == 0, run.tail()
+        assert "dockerd was only reloaded" in run.stdout
+        assert sandbox.ssh(node, pid).stdout.strip() == before
+        daemon = json.loads(sandbox.ssh(node, "cat /etc/docker/daemon.json").stdout)
+        assert daemon["log-opts"]["max-file"] == "6"
+    finally:
+        sandbox.ssh(node, "docker rm -f ddpfleet-e2e-guard")
+        restored = run_site(sandbox, "--limit", node.name, "--tags", "docker")
+    assert restored.rc == 0, restored.tail()
+    assert sandbox.ssh(node, pid).stdout.strip() != before
