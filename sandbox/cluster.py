@@ -88,8 +88,11 @@ def _up(settings: Settings) -> None:
             "run 'python -m sandbox down' first"
         )
     if not existing:
-        cached = wheelhouse.is_complete(settings.wheelhouse, settings.root / "requirements.txt")
-        preflight.check_disk(settings, cached)
+        preflight.check_disk(
+            settings,
+            wheelhouse.is_complete(settings.wheelhouse, settings.root / "requirements.txt"),
+            images.cached(settings.cache),
+        )
 
     image = images.ensure_node_image(settings.cache)
     base_tag, archive = images.ensure_trainer_base(settings.cache)

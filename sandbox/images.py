@@ -148,6 +148,16 @@ def ensure_trainer_base(cache: Path) -> tuple[str, Path]:
     return tag, archive
 
 
+def cached(cache: Path) -> bool:
+    """True when both images are built (the host caches need no more disk)."""
+    stamp = cache / "images" / f"{Path(TRAINER_BASE_ARCHIVE).stem}.tag"
+    return (
+        docker_ok("image", "inspect", node_tag())
+        and stamp.exists()
+        and stamp.read_text().strip() == trainer_base_tag()
+    )
+
+
 def purge(cache: Path) -> list[str]:
     """Remove the cached images and rootfs tarballs; return what was removed."""
     removed = []

@@ -10,36 +10,46 @@ from pathlib import Path
 from sandbox.dockercli import LABEL, SandboxError, docker, inspect, run
 from sandbox.settings import NETWORK, Settings
 
-# Disk the full cluster needs once site.yml and a training run have been through it,
-# measured on the sandbox (see sandbox/README.md): the node image, the training image
-# in the registry node's build cache plus once per node that pulls it (the registry's
-# own storage of the compressed layers counts as one more copy), and the wheelhouse.
-NODE_IMAGE_GB = 0.5
-TRAINER_IMAGE_GB = 6.5
+# Disk the full cluster needs once site.yml has been through it, measured on a 3-node
+# sandbox (docker system df -v, docker ps -s): every node holds the training image it
+# pulled (6.0 GB) plus the packages site.yml installs (0.7 GB); the registry node also
+# holds the builder stage, the build context and the registry's storage (12.1 GB more).
+NODE_GB = 7.0
+REGISTRY_EXTRA_GB = 12.5
+NODE_IMAGE_GB = 0.3
+# Host caches under .cache/, needed only while missing: wheelhouse, rootfs tarballs + images.
 WHEELHOUSE_GB = 3.0
+IMAGE_CACHE_GB = 1.0
 
 
-def needed_gb(settings: Settings, wheelhouse_cached: bool) -> float:
-    """Free disk the sandbox needs, in GB."""
-    total = NODE_IMAGE_GB + TRAINER_IMAGE_GB * (settings.node_count + 1)
-    return total + (0.0 if wheelhouse_cached else WHEELHOUSE_GB)
+def needed_gb(node_count: int) -> float:
+    """Free disk under the Docker root the nodes need, in GB."""
+    return NODE_IMAGE_GB + NODE_GB * node_count + REGISTRY_EXTRA_GB
 
 
-def _free_gb(path: Path) -> float:
+def _free(path: Path) -> tuple[float, int]:
+    """Free GB and device of the filesystem holding ``path`` (or its nearest parent)."""
     while not path.exists():
         path = path.parent
-    return shutil.disk_usage(path).free / 1e9
+    return shutil.disk_usage(path).free / 1e9, path.stat().st_dev
 
 
-def check_disk(settings: Settings, wheelhouse_cached: bool) -> None:
+def check_disk(settings: Settings, wheelhouse_cached: bool, images_cached: bool) -> None:
     root = Path(docker("info", "--format", "{{.DockerRootDir}}") or "/var/lib/docker")
-    need = needed_gb(settings, wheelhouse_cached)
-    free = _free_gb(root)
-    if free < need:
-        raise SandboxError(
-            f"too little free disk for a {settings.node_count}-node sandbox: {need:.1f} GB "
-            f"needed under {root}, {free:.1f} GB free"
-        )
+    cache_need = (0.0 if wheelhouse_cached else WHEELHOUSE_GB) + (
+        0.0 if images_cached else IMAGE_CACHE_GB
+    )
+    needs = {root: needed_gb(settings.node_count), settings.cache: cache_need}
+    (root_free, root_dev), (cache_free, cache_dev) = _free(root), _free(settings.cache)
+    if root_dev == cache_dev:  # one filesystem: both needs together
+        needs = {root: needs[root] + cache_need}
+    for path, need in needs.items():
+        free = root_free if path == root else cache_free
+        if free < need:
+            raise SandboxError(
+                f"too little free disk for a {settings.node_count}-node sandbox: {need:.1f} GB "
+                f"needed under {path}, {free:.1f} GB free"
+            )
 
 
 Found = list[tuple[str, ipaddress.IPv4Network | ipaddress.IPv6Network]]
