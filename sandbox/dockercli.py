@@ -6,6 +6,7 @@ Every failure becomes a :class:`SandboxError` carrying one line for the user.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Sequence
 from typing import Any
@@ -26,11 +27,13 @@ def run(
     input_data: bytes | None = None,
     check: bool = True,
     timeout: float | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run a host command and capture its text output."""
+    """Run a host command and capture its text output (``env``: added to ours)."""
     try:
         proc = subprocess.run(
             list(args),
+            env={**os.environ, **env} if env else None,
             input=input_data.decode() if input_data is not None else None,
             capture_output=True,
             text=True,

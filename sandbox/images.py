@@ -1,14 +1,21 @@
-"""Node and trainer-base images, built locally with debootstrap (nothing is pulled).
+"""Node and trainer-base images, built locally.
 
-Each image is tagged with a hash of its recipe (files in ``sandbox/recipe/``, suite,
-mirror), so an edited recipe rebuilds and an unchanged one is reused. The rootfs
-tarball is cached under ``.cache/sandbox/`` too: a fresh engine re-imports it in
-seconds instead of running debootstrap again.
+Where a Debian base image is present or can be pulled (``SANDBOX_BASE_IMAGE``, default
+``debian:bookworm``), the recipe's Dockerfiles build them; otherwise (this machine:
+nothing can be pulled) debootstrap makes a root filesystem from Debian's mirror and
+``docker import`` turns it into the image. ``SANDBOX_IMAGE_BUILDER=dockerfile|debootstrap``
+forces one.
+
+Each image is tagged with a hash of the recipe files its builder uses (plus the suite and
+mirror, or the base image), so an edited recipe rebuilds and an unchanged one is reused.
+debootstrap's rootfs tarball is cached under ``.cache/sandbox/`` too: a fresh engine
+re-imports it in seconds instead of running debootstrap again.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import tempfile
@@ -23,6 +30,8 @@ MIRROR = "http://deb.debian.org/debian"
 NODE_REPO = "ddpfleet/sandbox-node"
 TRAINER_BASE_REPO = "ddpfleet/trainer-base"
 TRAINER_BASE_ARCHIVE = "trainer-base.tar"
+BUILDERS = ("auto", "dockerfile", "debootstrap")
+_chosen: dict[str, str] = {}
 
 
 def _packages(name: str) -> list[str]:
@@ -30,20 +39,67 @@ def _packages(name: str) -> list[str]:
     return [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
 
 
+def base_image() -> str:
+    return os.environ.get("SANDBOX_BASE_IMAGE", f"debian:{SUITE}")
+
+
+def _pullable(image: str) -> bool:
+    if docker_ok("image", "inspect", image):
+        return True
+    try:
+        return docker_ok("pull", "--quiet", image, timeout=300)
+    except SandboxError:  # a pull that hangs counts as "cannot pull"
+        return False
+
+
+def builder() -> str:
+    """``dockerfile`` when the base image is here or can be pulled, else ``debootstrap``."""
+    if "builder" not in _chosen:
+        choice = os.environ.get("SANDBOX_IMAGE_BUILDER", "auto")
+        if choice not in BUILDERS:
+            raise SandboxError(f"SANDBOX_IMAGE_BUILDER must be one of {', '.join(BUILDERS)}")
+        if choice == "auto":
+            choice = "dockerfile" if _pullable(base_image()) else "debootstrap"
+        _chosen["builder"] = choice
+    return _chosen["builder"]
+
+
 def recipe_hash(*files: str) -> str:
-    """12 hex digits over the named recipe files, the suite and the mirror."""
-    digest = hashlib.sha256(f"{SUITE} {MIRROR}\n".encode())
+    """12 hex digits over the named recipe files and where the packages come from."""
+    source = base_image() if builder() == "dockerfile" else f"{SUITE} {MIRROR}"
+    digest = hashlib.sha256(f"{source}\n".encode())
     for name in files:
         digest.update(name.encode() + b"\0" + (RECIPE / name).read_bytes())
     return digest.hexdigest()[:12]
 
 
+def _recipe(packages: str, *extra: str) -> list[str]:
+    """The recipe files of one image under the current builder."""
+    dockerfile = [packages.replace(".packages", ".Dockerfile")] if builder() == "dockerfile" else []
+    return [packages, *extra, *dockerfile]
+
+
 def node_tag() -> str:
-    return f"{NODE_REPO}:{SUITE}-{recipe_hash('node.packages', 'node-setup.sh', 'node-init.sh')}"
+    files = _recipe("node.packages", "node-setup.sh", "node-init.sh")
+    return f"{NODE_REPO}:{SUITE}-{recipe_hash(*files)}"
 
 
 def trainer_base_tag() -> str:
-    return f"{TRAINER_BASE_REPO}:{SUITE}-{recipe_hash('trainer-base.packages')}"
+    return f"{TRAINER_BASE_REPO}:{SUITE}-{recipe_hash(*_recipe('trainer-base.packages'))}"
+
+
+def _docker_build(tag: str, dockerfile: str) -> None:
+    print(f"sandbox: building {tag} from {dockerfile} on {base_image()}…", flush=True)
+    run(
+        [
+            "docker", "build", "--quiet", "--label", f"{CACHE_LABEL}=1",
+            "--build-arg", f"BASE={base_image()}", "--tag", tag,
+            "--file", str(RECIPE / dockerfile), str(RECIPE),
+        ],
+        timeout=1800,
+        env={"DOCKER_BUILDKIT": "0"},  # classic builder: engines without buildx
+    )  # fmt: skip
+    _prune_superseded(tag, None)
 
 
 def _debootstrap(rootfs: Path, packages: list[str], debs: Path) -> None:
@@ -99,13 +155,15 @@ def _import(tag: str, tarball: Path, changes: list[str]) -> None:
     _prune_superseded(tag, tarball.parent)
 
 
-def _prune_superseded(tag: str, rootfs_cache: Path) -> None:
+def _prune_superseded(tag: str, rootfs_cache: Path | None) -> None:
     """Drop older builds of the same image (an edited recipe): tags no container uses, tarballs."""
     repo = tag.split(":", maxsplit=1)[0]
     out = docker("image", "ls", repo, "--filter", f"label={CACHE_LABEL}", "--format", "{{.Tag}}")
     for old in out.split():
         if f"{repo}:{old}" != tag:
             run(["docker", "image", "rm", f"{repo}:{old}"], check=False)  # in use: kept
+    if rootfs_cache is None:
+        return
     prefix = _tarball_name(f"{repo}:")
     for path in rootfs_cache.glob(f"{prefix}*.tar"):
         if path.name != _tarball_name(tag):
@@ -115,19 +173,25 @@ def _prune_superseded(tag: str, rootfs_cache: Path) -> None:
 def ensure_node_image(cache: Path) -> str:
     """The node image's tag, built or imported when missing."""
     tag = node_tag()
-    if not docker_ok("image", "inspect", tag):
-        started = time.monotonic()
+    if docker_ok("image", "inspect", tag):
+        return tag
+    started = time.monotonic()
+    if builder() == "dockerfile":
+        _docker_build(tag, "node.Dockerfile")
+    else:
         tarball = _build_tarball(tag, "node.packages", "node-setup.sh", cache)
-        _import(
-            tag,
-            tarball,
-            [
-                'ENTRYPOINT ["/usr/local/sbin/ddpfleet-node-init"]',
-                "ENV container=docker",
-            ],
-        )
-        print(f"sandbox: node image {tag} ready in {time.monotonic() - started:.0f}s")
+        changes = ['ENTRYPOINT ["/usr/local/sbin/ddpfleet-node-init"]', "ENV container=docker"]
+        _import(tag, tarball, changes)
+    print(f"sandbox: node image {tag} ready in {time.monotonic() - started:.0f}s")
     return tag
+
+
+def _build_trainer_base(tag: str, cache: Path) -> None:
+    if builder() == "dockerfile":
+        _docker_build(tag, "trainer-base.Dockerfile")
+    else:
+        tarball = _build_tarball(tag, "trainer-base.packages", None, cache)
+        _import(tag, tarball, ['CMD ["/bin/bash"]', "ENV LANG=C.UTF-8"])
 
 
 def ensure_trainer_base(cache: Path) -> tuple[str, Path]:
@@ -138,8 +202,7 @@ def ensure_trainer_base(cache: Path) -> tuple[str, Path]:
     if archive.exists() and stamp.exists() and stamp.read_text().strip() == tag:
         return tag, archive
     if not docker_ok("image", "inspect", tag):
-        tarball = _build_tarball(tag, "trainer-base.packages", None, cache)
-        _import(tag, tarball, ['CMD ["/bin/bash"]', "ENV LANG=C.UTF-8"])
+        _build_trainer_base(tag, cache)
     archive.parent.mkdir(parents=True, exist_ok=True)
     partial = archive.with_suffix(".partial")
     run(["docker", "save", "-o", str(partial), tag], timeout=600)
