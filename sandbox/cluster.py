@@ -112,6 +112,7 @@ def _up(settings: Settings) -> None:
     _forget_facts(settings, [name for name, done in actions.items() if done == "created"])
     boot = nodes.wait_booted(settings.nodes, timeout)
     for node in settings.nodes:
+        nodes.mask_kernel_less_units(node)
         nodes.authorize_key(node, public_key)
         nodes.wait_ssh(settings, node)
     hosts = inventory.write(settings, mode, base_tag, archive.name)

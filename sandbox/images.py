@@ -47,7 +47,7 @@ def _pullable(image: str) -> bool:
     if docker_ok("image", "inspect", image):
         return True
     try:
-        return docker_ok("pull", "--quiet", image, timeout=300)
+        return docker_ok("pull", "--quiet", image, timeout=120)
     except SandboxError:  # a pull that hangs counts as "cannot pull"
         return False
 

@@ -148,6 +148,22 @@ def _is_running(node: Node) -> bool:
     return bool(info and info["State"]["Running"])
 
 
+def mask_kernel_less_units(node: Node) -> None:
+    """Mask units the host kernel cannot serve in any container (a sandbox artefact).
+
+    Without sunrpc in the host kernel, rpc_pipefs cannot be mounted, and nfs-common's
+    ``run-rpc_pipefs.mount`` (pulled in by the NFS roles) would fail and leave systemd
+    degraded; real servers have sunrpc. Masking works before the unit is installed.
+    """
+    if "rpc_pipefs" in Path("/proc/filesystems").read_text():
+        return
+    script = (
+        "systemctl mask --quiet run-rpc_pipefs.mount && "
+        "systemctl reset-failed run-rpc_pipefs.mount 2>/dev/null; true"
+    )
+    run(["docker", "exec", node.container, "sh", "-c", script], timeout=60)
+
+
 def authorize_key(node: Node, public_key: str) -> None:
     script = (
         "install -d -m 0700 /root/.ssh && umask 077 && "
