@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import NoReturn
 
+import sandbox
 from sandbox import cluster
 from sandbox.dockercli import SandboxError
 from sandbox.settings import make_settings
@@ -19,7 +20,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m sandbox", description=__doc__)
+    parser = _Parser(
+        prog="python -m sandbox",
+        description=sandbox.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     up = sub.add_parser("up", help="create or repair the sandbox and write its inventory")
     down = sub.add_parser("down", help="remove every container, network, volume and key it made")
