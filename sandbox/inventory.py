@@ -17,7 +17,7 @@ HEADER = (
     "---\n# Written by 'python -m sandbox up'; removed by 'python -m sandbox down'. Do not edit.\n"
 )
 OVERRIDES = "zz_sandbox.yml"
-DEMO = "demo.yml"
+LEGACY = ["demo.yml"]  # written by earlier versions; `down` still removes it
 
 # Small training settings so a run ends in minutes on a 2-core machine without GPUs, where
 # every node's rank shares the same cores: one thread per rank, no loader processes, a
@@ -85,16 +85,12 @@ def overrides_yaml(settings: Settings, mode: str, trainer_base: str, archive: st
     )
 
 
-def demo_yaml() -> str:
-    body = "".join(f"{key}: {value}\n" for key, value in DEMO_TRAINING.items())
-    return HEADER + "# Extra vars for 'make demo': a run small enough for 2 CPU cores.\n" + body
-
-
 def written_files(settings: Settings) -> list[Path]:
     """Every inventory file ``write`` produces (what ``down`` removes)."""
     inv = settings.inventory_dir
     sample = settings.root / "inventory" / "sample" / "group_vars" / "all"
-    files = [inv / "hosts.yml", inv / DEMO, inv / "group_vars" / "all" / OVERRIDES]
+    files = [inv / "hosts.yml", inv / "group_vars" / "all" / OVERRIDES]
+    files += [inv / name for name in LEGACY]
     files += [inv / "group_vars" / "all" / p.name for p in sorted(sample.glob("*.yml"))]
     return files
 
@@ -114,10 +110,15 @@ def write(settings: Settings, mode: str, trainer_base: str, archive: str) -> Pat
     group_vars = inv / "group_vars" / "all"
     group_vars.mkdir(parents=True, exist_ok=True)
     sample = settings.root / "inventory" / "sample" / "group_vars" / "all"
-    for path in sorted(sample.glob("*.yml")):
-        _write(group_vars / path.name, path.read_text())
+    copies = {path.name: path.read_text() for path in sorted(sample.glob("*.yml"))}
+    for stale in group_vars.glob("*.yml"):  # a file the sample no longer has
+        if stale.name not in copies and stale.name != OVERRIDES:
+            stale.unlink()
+    for name, text in copies.items():
+        _write(group_vars / name, text)
     _write(group_vars / OVERRIDES, overrides_yaml(settings, mode, trainer_base, archive))
-    _write(inv / DEMO, demo_yaml())
+    for name in LEGACY:
+        (inv / name).unlink(missing_ok=True)
     hosts = inv / "hosts.yml"
     _write(hosts, hosts_yaml(settings))
     return hosts
