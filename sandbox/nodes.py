@@ -50,7 +50,8 @@ def run_args(settings: Settings, node: Node, image: str, mode: str) -> list[str]
         "--network", NETWORK, "--ip", node.ip,
         "--label", f"{LABEL}=1", "--label", f"{LABEL}.node={node.name}",
         "--stop-signal", "SIGRTMIN+3",  # systemd's clean shutdown (import can't set it)
-        "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
+        # SYS_TIME dropped: a time daemon in a node would otherwise set the host's clock.
+        "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE", "--cap-drop", "SYS_TIME",
         "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
         "--tmpfs", "/run", "--tmpfs", "/run/lock", *_cgroup_args(),
         "--volume", f"{node.docker_volume}:/var/lib/docker",
