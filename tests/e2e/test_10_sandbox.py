@@ -87,6 +87,14 @@ def test_var_lib_docker_is_a_volume_not_overlayfs(sandbox: Sandbox, name: str) -
     assert fstype.strip() not in ("", "overlay")
 
 
+@pytest.mark.parametrize("name", NODE_NAMES)
+def test_node_cannot_set_the_host_clock(sandbox: Sandbox, name: str) -> None:
+    """The clock is the host's: CAP_SYS_TIME is not in the node's bounding set."""
+    status = _ok(sandbox.ssh(_node(sandbox, name), "grep CapBnd /proc/1/status"))
+    cap_sys_time = 25
+    assert not int(status.split()[1], 16) & (1 << cap_sys_time)
+
+
 def test_ansible_pings_every_node(sandbox: Sandbox) -> None:
     proc = subprocess.run(
         [str(ROOT / ".venv/bin/ansible"), "all", "-i", str(sandbox.inventory), "-m", "ping"],
