@@ -164,7 +164,7 @@ def _prune_superseded(tag: str, rootfs_cache: Path | None) -> None:
             run(["docker", "image", "rm", f"{repo}:{old}"], check=False)  # in use: kept
     if rootfs_cache is None:
         return
-    prefix = _tarball_name(f"{repo}:")
+    prefix = _tarball_name(f"{repo}:").removesuffix(".tar")
     for path in rootfs_cache.glob(f"{prefix}*.tar"):
         if path.name != _tarball_name(tag):
             path.unlink()
