@@ -54,6 +54,13 @@ def test_node_carries_its_fixed_ip_on_eth0(sandbox: Sandbox, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", NODE_NAMES)
+def test_node_reaches_every_other_node_by_ip(sandbox: Sandbox, name: str) -> None:
+    node = _node(sandbox, name)
+    for other in sandbox.nodes:
+        _ok(sandbox.ssh(node, f"ping -c 1 -W 2 {other.ip}"))
+
+
+@pytest.mark.parametrize("name", NODE_NAMES)
 def test_etc_hosts_starts_in_debian_default_state(sandbox: Sandbox, name: str) -> None:
     node = _node(sandbox, name)
     _require_fresh(sandbox, node)
