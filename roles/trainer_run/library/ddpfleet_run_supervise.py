@@ -64,7 +64,7 @@ options:
     type: float
     default: 0
   kill_on_failure:
-    description: docker kill this host's container as soon as the run failed.
+    description: docker rm --force this host's container as soon as the run failed.
     type: bool
     default: true
   uid:
@@ -100,8 +100,8 @@ def inspect(module: AnsibleModule, name: str) -> dict | None:
 
 
 def kill(module: AnsibleModule, name: str) -> None:
-    """SIGKILL the container now (no-op when it is already gone); removal comes later."""
-    module.run_command(["docker", "kill", name])
+    """SIGKILL and remove the container now (its state is already in the marker, if any)."""
+    module.run_command(["docker", "rm", "--force", name])
 
 
 def read_text(path: str) -> str:
