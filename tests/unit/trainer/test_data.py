@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.config import BadInputError, TrainConfig
+from trainer.data import (
+    FolderImages,
+    ResumableSampler,
+    SyntheticImages,
+    build_datasets,
+    mean_std,
+    to_device,
+)
+
+
+def test_synthetic_is_uint8_deterministic_and_labelled() -> None:
+    a = SyntheticImages(64, 5, 16, seed=3)
+    b = SyntheticImages(64, 5, 16, seed=3)
+    img, label = a[7]
+    assert img.dtype == torch.uint8
+    assert img.shape == (3, 16, 16)
+    assert 0 <= label < 5
+    assert torch.equal(img, b[(2, 7)][0])
+
+
+def test_resumed_sampler_continues_the_same_order() -> None:
+    full = ResumableSampler(range(40), num_replicas=2, rank=1, shuffle=True, seed=1)
+    part = ResumableSampler(range(40), num_replicas=2, rank=1, shuffle=True, seed=1)
+    full.set_epoch(3)
+    part.set_epoch(3)
+    part.set_start_batch(2, batch_size=4)
+    assert list(part) == list(full)[8:]
+    assert len(part) == len(full) - 8
+    assert all(epoch == 3 for epoch, _ in part)
+
+
+def test_folder_augmentation_depends_only_on_seed_epoch_index(image_folder: Path) -> None:
+    ds = FolderImages(image_folder / "train", 24, train=True, seed=0)
+    assert torch.equal(ds[(1, 5)][0], ds[(1, 5)][0])
+    assert not torch.equal(ds[(1, 5)][0], ds[(2, 5)][0])
+    assert ds[(1, 5)][0].shape == (3, 24, 24)
+
+
+def test_datasets_from_folder_count_classes(image_folder: Path) -> None:
+    train, val, classes = build_datasets(TrainConfig(data_dir=str(image_folder), image_size=24))
+    assert (len(train), len(val), classes) == (24, 6, 3)
+
+
+def test_empty_class_folder_is_bad_input(tmp_path: Path, image_folder: Path) -> None:
+    (tmp_path / "train" / "a").mkdir(parents=True)
+    (tmp_path / "train" / "b").mkdir()
+    src = next((image_folder / "train" / "class_00").iterdir())
+    (tmp_path / "train" / "a" / "x.jpg").write_bytes(src.read_bytes())
+    with pytest.raises(BadInputError, match="without images: b"):
+        build_datasets(TrainConfig(data_dir=str(tmp_path)))
+
+
+def test_normalisation_on_device_keeps_channels_last() -> None:
+    x = torch.full((2, 3, 4, 4), 255, dtype=torch.uint8)
+    y = to_device(x, torch.device("cpu"), True, mean_std(torch.device("cpu")))
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    assert y[0, 0, 0, 0].item() == pytest.approx((1 - 0.485) / 0.229, rel=1e-5)

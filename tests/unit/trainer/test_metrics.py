@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from trainer.metrics import Heartbeat, MetricsLog, Throughput
+
+
+def test_heartbeat_has_the_contract_fields(tmp_path: Path) -> None:
+    hb = Heartbeat(tmp_path, rank=3, host="node-a")
+    hb.beat(7)
+    data = json.loads((tmp_path / "heartbeat" / "rank-3.json").read_text())
+    assert set(data) == {"rank", "step", "time", "pid", "host"}
+    assert (data["rank"], data["step"], data["pid"], data["host"]) == (3, 7, os.getpid(), "node-a")
+    assert abs(data["time"] - time.time()) < 60
+    assert [p.name for p in (tmp_path / "heartbeat").iterdir()] == ["rank-3.json"]
+
+
+def test_resumed_metrics_drop_rows_after_the_checkpoint(tmp_path: Path) -> None:
+    log = MetricsLog(tmp_path / "metrics.jsonl", resume_step=None)
+    for step in (1, 2, 3, 4):
+        log.write({"step": step})
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 5, "lo')  # torn by a crash
+    MetricsLog(tmp_path / "metrics.jsonl", resume_step=2)
+    rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [{"step": 1}, {"step": 2}]
+
+
+def test_throughput_leaves_out_warmup_steps() -> None:
+    meter = Throughput(warmup=2)
+    meter.step(100)
+    time.sleep(0.2)  # a slow first step must not count
+    meter.step(100)
+    for _ in range(3):
+        time.sleep(0.01)
+        meter.step(10)
+    assert meter.overall() > 300  # 30 images in ~0.03 s, not 230 in ~0.23 s
