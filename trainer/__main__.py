@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 from trainer import checkpoint as ckpt
 from trainer import distributed as dist_utils
@@ -109,6 +110,30 @@ def _restore(run: Run, state: dict) -> int:
     return start_batch
 
 
+def _loop(
+    run: Run, train_loader: DataLoader, val_loader: DataLoader | None, start_batch: int, epochs: int
+) -> tuple[bool, float | None, int]:
+    """Epochs until done or stopped; returns (stopped, last accuracy, batch in epoch)."""
+    accuracy = None
+    stopped = False
+    while run.step < run.total_steps and run.epoch < epochs and not stopped:
+        train_loader.sampler.set_epoch(run.epoch)
+        train_loader.sampler.set_start_batch(start_batch, run.cfg.batch_size)
+        stopped, batches = train_one_epoch(
+            run, train_loader, lambda b, s=start_batch: _save(run, s + b)
+        )
+        start_batch += batches
+        if not stopped and start_batch >= run.steps_per_epoch:
+            if val_loader is not None:
+                accuracy = evaluate(run, val_loader)
+                LOG.info("epoch %d validation accuracy %.4f", run.epoch, accuracy)
+            run.epoch, start_batch = run.epoch + 1, 0
+    if not stopped and val_loader is not None and start_batch:  # ended by --max-steps
+        accuracy = evaluate(run, val_loader)
+        LOG.info("final validation accuracy %.4f", accuracy)
+    return stopped, accuracy, start_batch
+
+
 def _train(cfg: TrainConfig, env: dist_utils.DistEnv, prepared: tuple, stop: StopFlag) -> dict:
     state, train_ds, val_ds, amp_dtype, model = prepared
     out = Path(cfg.output_dir)
@@ -156,20 +181,7 @@ def _train(cfg: TrainConfig, env: dist_utils.DistEnv, prepared: tuple, stop: Sto
     if env.is_main:
         run.metrics = MetricsLog(out / "metrics.jsonl", start_step if state else None)
     LOG.info("world %d, device %s, amp %s, %d steps", env.world_size, env.device, amp_dtype, total)
-    accuracy = None
-    stopped = False
-    while run.step < total and run.epoch < epochs and not stopped:
-        train_loader.sampler.set_epoch(run.epoch)
-        train_loader.sampler.set_start_batch(start_batch, cfg.batch_size)
-        stopped, batches = train_one_epoch(
-            run, train_loader, lambda b, s=start_batch: _save(run, s + b)
-        )
-        start_batch += batches
-        if not stopped and start_batch >= spe:
-            if val_loader is not None:
-                accuracy = evaluate(run, val_loader)
-                LOG.info("epoch %d validation accuracy %.4f", run.epoch, accuracy)
-            run.epoch, start_batch = run.epoch + 1, 0
+    stopped, accuracy, start_batch = _loop(run, train_loader, val_loader, start_batch, epochs)
     _save(run, start_batch)
     if env.device.type == "cuda":
         torch.cuda.synchronize(env.device)

@@ -148,7 +148,7 @@ def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset | None, int]:
     """(train, val or None, number of classes); BadInputError for unusable folders."""
     if cfg.synthetic:
         train = SyntheticImages(cfg.synthetic_size, cfg.num_classes, cfg.image_size, cfg.seed)
-        n_val = max(cfg.batch_size, 256)
+        n_val = min(256, cfg.synthetic_size)
         val = SyntheticImages(n_val, cfg.num_classes, cfg.image_size, cfg.seed, split=1)
         return train, val, cfg.num_classes
     root = Path(cfg.data_dir or "")

@@ -1,0 +1,155 @@
+"""The real CLI end to end on CPU: 2-rank torchrun gloo runs, resume, stop, bad input."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY, read_json, read_metrics, run_trainer, trainer_cmd, trainer_env
+
+from trainer.__main__ import main
+
+SYNTH = [*TINY, "--synthetic", "--num-classes", "4", "--synthetic-size", "64", "--lr", "1"]
+SYNTH += ["--warmup-epochs", "0", "--seed", "5"]
+
+
+@pytest.fixture(scope="module")
+def synthetic_2rank(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2 ranks x batch 2, 8 steps, a checkpoint every 4 (both kept for the resume test)."""
+    out = tmp_path_factory.mktemp("synthetic2")
+    args = [*SYNTH, "--max-steps", "8", "--checkpoint-every", "4", "--keep-checkpoints", "5"]
+    proc = run_trainer([*args, "--output-dir", str(out)], nproc=2)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return out
+
+
+@pytest.mark.slow
+def test_2rank_parameters_identical_and_summary_complete(synthetic_2rank: Path) -> None:
+    s = read_json(synthetic_2rank / "summary.json")
+    assert (s["status"], s["steps"], s["world_size"]) == ("completed", 8, 2)
+    assert len(set(s["param_sha256_per_rank"])) == 1
+    assert len(s["per_rank_images_per_sec"]) == 2
+    assert s["images_per_sec"] > 0
+    assert s["final_accuracy"] is not None
+    assert s["resumed_from_step"] is None
+    for rank in (0, 1):
+        assert (synthetic_2rank / "logs" / f"rank-{rank}.log").stat().st_size > 0
+        assert read_json(synthetic_2rank / "heartbeat" / f"rank-{rank}.json")["step"] == 8
+
+
+@pytest.mark.slow
+def test_2rank_loss_falls(synthetic_2rank: Path) -> None:
+    rows = read_metrics(synthetic_2rank)
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert {"step", "epoch", "loss", "lr", "images_per_sec"} <= set(rows[0])
+    first, last = rows[0]["loss"], sum(r["loss"] for r in rows[-3:]) / 3
+    assert last < first, rows
+
+
+@pytest.mark.slow
+def test_resume_reaches_the_same_parameters(synthetic_2rank: Path, tmp_path: Path) -> None:
+    """Resume from the step-4 checkpoint of the uninterrupted run: identical end state."""
+    (tmp_path / "checkpoints").mkdir()
+    shutil.copy(synthetic_2rank / "checkpoints" / "step-000000004.pt", tmp_path / "checkpoints")
+    args = [*SYNTH, "--max-steps", "8", "--checkpoint-every", "4", "--keep-checkpoints", "5"]
+    proc = run_trainer([*args, "--output-dir", str(tmp_path)], nproc=2)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    resumed, full = (
+        read_json(tmp_path / "summary.json"),
+        read_json(synthetic_2rank / "summary.json"),
+    )
+    assert resumed["resumed_from_step"] == 4
+    assert resumed["param_sha256_per_rank"] == full["param_sha256_per_rank"]
+    a = torch.load(tmp_path / "checkpoints" / "step-000000008.pt", weights_only=True)["model"]
+    b = torch.load(synthetic_2rank / "checkpoints" / "step-000000008.pt", weights_only=True)
+    assert all(torch.equal(a[k], b["model"][k]) for k in a)  # buffers too: exact, 0 tolerance
+
+
+@pytest.mark.slow
+def test_2rank_on_a_generated_image_folder(image_folder: Path, tmp_path: Path) -> None:
+    args = [*TINY, "--data-dir", str(image_folder), "--epochs", "2", "--lr", "1"]
+    proc = run_trainer([*args, "--warmup-epochs", "0", "--output-dir", str(tmp_path)], nproc=2)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = read_json(tmp_path / "summary.json")
+    assert (s["status"], s["steps"], s["epoch"]) == ("completed", 12, 2)  # 24 images / 4
+    assert len(set(s["param_sha256_per_rank"])) == 1
+    assert 0.0 <= s["final_accuracy"] <= 1.0
+    rows = read_metrics(tmp_path)
+    assert sum(r["loss"] for r in rows[-3:]) / 3 < sum(r["loss"] for r in rows[:3]) / 3
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_marks_stopped_and_exits_143(tmp_path: Path) -> None:
+    args = [*SYNTH, "--max-steps", "400", "--output-dir", str(tmp_path)]
+    proc = subprocess.Popen(trainer_cmd(args), env=trainer_env(), stdout=subprocess.DEVNULL)
+    heartbeat = tmp_path / "heartbeat" / "rank-0.json"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if heartbeat.exists() and read_json(heartbeat)["step"] >= 2:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    signalled = time.time()
+    assert proc.wait(timeout=60) == 143
+    assert time.time() - signalled < 15
+    s = read_json(tmp_path / "summary.json")
+    assert s["status"] == "stopped"
+    assert 2 <= s["steps"] < 400
+    path = tmp_path / "checkpoints" / f"step-{s['steps']:09d}.pt"
+    assert torch.load(path, weights_only=True)["step"] == s["steps"]
+
+
+BAD = [
+    (["--data-dir", "/nonexistent/d"], "--data-dir /nonexistent/d: no such directory"),
+    (["--synthetic", "--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--synthetic", "--resume", "/nonexistent/c.pt"], "--resume /nonexistent/c.pt: no such file"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD)
+def test_bad_input_one_line_exit_2(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*argv, "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"trainer: error: {message}\n"
+
+
+def test_empty_class_folder_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "d" / "train" / "cat").mkdir(parents=True)
+    assert main(["--data-dir", str(tmp_path / "d"), "--output-dir", str(tmp_path / "o")]) == 2
+    assert "trainer: error:" in capsys.readouterr().err
+
+
+def test_unwritable_output_dir_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("keep")
+    assert main(["--synthetic", "--output-dir", str(tmp_path / "file" / "o")]) == 2
+    assert capsys.readouterr().err.startswith("trainer: error: --output-dir")
+    assert (tmp_path / "file").read_text() == "keep"
+
+
+def test_corrupt_resume_exit_2_and_nothing_overwritten(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    (tmp_path / "summary.json").write_text("previous")
+    assert main(["--synthetic", "--resume", str(bad), "--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"trainer: error: --resume {bad}: not a readable checkpoint")
+    assert err.count("\n") == 1
+    assert (tmp_path / "summary.json").read_text() == "previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.pt", "summary.json"]
+
+
+@pytest.mark.slow
+def test_cli_bad_input_has_no_traceback(tmp_path: Path) -> None:
+    proc = run_trainer(["--data-dir", str(tmp_path / "missing"), "--output-dir", str(tmp_path)])
+    assert proc.returncode == 2
+    assert proc.stderr == f"trainer: error: --data-dir {tmp_path / 'missing'}: no such directory\n"
+    assert proc.stdout == ""
