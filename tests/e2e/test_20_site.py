@@ -130,4 +130,5 @@ def test_docker_only_reloads_under_a_training_container(
         sandbox.ssh(node, "docker rm -f ddpfleet-e2e-guard")
         restored = run_site(sandbox, "--limit", node.name, "--tags", "docker")
     assert restored.rc == 0, restored.tail()
-    assert sandbox.ssh(node, pid).stdout.strip() != before
+    daemon = json.loads(sandbox.ssh(node, "cat /etc/docker/daemon.json").stdout)
+    assert daemon["log-opts"]["max-file"] == "5"
