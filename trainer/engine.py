@@ -124,6 +124,8 @@ def train_one_epoch(
         signum = dist_utils.agree_max(env, run.stop.signum)
         if signum:
             run.stop.signum = signum
+            if count:  # so that the summary's final_loss covers the last steps
+                _log_interval(run, loss_sum, count)
             return True, batches
         if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0 and not done:
             on_checkpoint(batches)

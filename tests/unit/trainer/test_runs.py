@@ -85,7 +85,7 @@ def test_2rank_on_a_generated_image_folder(image_folder: Path, tmp_path: Path) -
 
 @pytest.mark.slow
 def test_sigterm_checkpoints_marks_stopped_and_exits_143(tmp_path: Path) -> None:
-    args = [*SYNTH, "--max-steps", "400", "--output-dir", str(tmp_path)]
+    args = [*SYNTH, "--max-steps", "400", "--log-every", "50", "--output-dir", str(tmp_path)]
     proc = subprocess.Popen(trainer_cmd(args), env=trainer_env(), stdout=subprocess.DEVNULL)
     heartbeat = tmp_path / "heartbeat" / "rank-0.json"
     deadline = time.time() + 120
@@ -100,6 +100,8 @@ def test_sigterm_checkpoints_marks_stopped_and_exits_143(tmp_path: Path) -> None
     s = read_json(tmp_path / "summary.json")
     assert s["status"] == "stopped"
     assert 2 <= s["steps"] < 400
+    assert s["final_loss"] > 0
+    assert read_metrics(tmp_path)[-1]["step"] == s["steps"]
     path = tmp_path / "checkpoints" / f"step-{s['steps']:09d}.pt"
     assert torch.load(path, weights_only=True)["step"] == s["steps"]
 
