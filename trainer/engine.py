@@ -114,9 +114,11 @@ def train_one_epoch(
         batches += 1
         loss_sum += loss.detach().float()
         count += 1
+        done = run.step >= run.total_steps
+        if done and env.device.type == "cuda":
+            torch.cuda.synchronize(env.device)  # the last step's time includes its GPU work
         run.meter.step(len(labels))
         run.heartbeat.beat(run.step)
-        done = run.step >= run.total_steps
         if run.step % cfg.log_every == 0 or done:
             _log_interval(run, loss_sum, count)
             loss_sum.zero_()
