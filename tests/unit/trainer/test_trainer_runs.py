@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, read_json, read_metrics, run_trainer, trainer_cmd, trainer_env
+from trainer_helpers import TINY, read_json, read_metrics, run_trainer, trainer_cmd, trainer_env
 
 from trainer.__main__ import main
 

@@ -1,0 +1,51 @@
+"""Helpers to run the real trainer CLI (one process or torchrun) on tiny settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+TINY = ["--image-size", "32", "--batch-size", "2", "--workers", "0", "--log-every", "1"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trainer_env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    return env
+
+
+def trainer_cmd(args: list[str], nproc: int = 1) -> list[str]:
+    """``python -m trainer`` or a standalone torchrun with ``nproc`` gloo ranks."""
+    if nproc == 1:
+        return [sys.executable, "-m", "trainer", *args]
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+        "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "trainer", *args,
+    ]  # fmt: skip
+
+
+def run_trainer(args: list[str], nproc: int = 1, timeout: int = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        trainer_cmd(args, nproc), env=trainer_env(), capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def read_metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
