@@ -75,6 +75,10 @@ def overrides_yaml(settings: Settings, mode: str, trainer_base: str, archive: st
         "trainer_image_base_archive": f"{IMAGES_MOUNT}/{archive}",
         "trainer_image_wheelhouse": WHEELHOUSE_MOUNT,
         "sandbox_storage_mode": mode,
+        # Every node's /var/lib/docker is a volume on the host's one disk, which the
+        # sandbox's own preflight already sized for the whole cluster; once the training
+        # image is on all nodes, the per-node 20 GB default would refuse a re-run.
+        "preflight_min_free_gb": "8",
         **DEMO_TRAINING,
     }
     body = "".join(f"{key}: {value}\n" for key, value in values.items())
