@@ -13,6 +13,7 @@ set -euo pipefail
 
 readonly SOCKET=/var/run/docker.sock
 readonly DOCKERD_LOG=/var/log/dockerd.log
+readonly PIDFILE=/var/run/docker.pid
 readonly WAIT_SECONDS=60
 
 die() {
@@ -46,11 +47,17 @@ apt_install() {
 		die "apt-get install $* failed"
 }
 
+# The host's own dockerd, by its pid file: `pgrep dockerd` would also match the nested
+# engines inside sandbox nodes, which the host's process table shows too.
+host_dockerd_running() {
+	[[ -f $PIDFILE ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null
+}
+
 start_dockerd() {
-	if [[ -S $SOCKET ]] && ! pgrep -x dockerd >/dev/null; then
+	if [[ -S $SOCKET ]] && ! host_dockerd_running; then
 		rm -f "$SOCKET" # stale socket from an engine that died
 	fi
-	if ! pgrep -x dockerd >/dev/null; then
+	if ! host_dockerd_running; then
 		echo "sandbox host-deps: starting dockerd (log: $DOCKERD_LOG)" >&2
 		nohup dockerd >"$DOCKERD_LOG" 2>&1 </dev/null &
 		disown
