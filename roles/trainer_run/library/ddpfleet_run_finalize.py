@@ -13,6 +13,7 @@ from ansible.module_utils.ddpfleet_run import (
     cause_line,
     read_json,
     read_markers,
+    read_text,
     root_cause,
     tail_lines,
     write_atomic,
@@ -70,14 +71,6 @@ failure:
   type: dict
   returned: when failed
 """
-
-
-def read_text(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return ""
 
 
 def write_summary(path: str, summary: dict) -> bool:

@@ -17,6 +17,7 @@ from ansible.module_utils.ddpfleet_run import (
     parse_root_cause,
     read_heartbeats,
     read_markers,
+    read_text,
     stalled_rank,
     write_atomic,
 )
@@ -102,14 +103,6 @@ def inspect(module: AnsibleModule, name: str) -> dict | None:
 def kill(module: AnsibleModule, name: str) -> None:
     """SIGKILL and remove the container now (its state is already in the marker, if any)."""
     module.run_command(["docker", "rm", "--force", name])
-
-
-def read_text(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return ""
 
 
 def own_failure(module: AnsibleModule, p: dict, ranks: list[int], began: float) -> dict:

@@ -132,6 +132,15 @@ def tail_lines(text: str, count: int) -> list[str]:
     return lines[-count:] if count > 0 else []
 
 
+def read_text(path: str) -> str:
+    """A file's text; empty when it is missing or unreadable (logs may not exist yet)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
 def read_json(path: str) -> dict | None:
     """Parse a JSON file; None when missing or half-written."""
     try:
