@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
+from plugin_loader import load_plugin
 
-PLUGIN = Path(__file__).resolve().parents[2] / "roles/docker/filter_plugins/daemon_json.py"
-_spec = importlib.util.spec_from_file_location("ddpfleet_daemon_json", PLUGIN)
-assert _spec is not None
-assert _spec.loader is not None
-daemon_json = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(daemon_json)
+daemon_json = load_plugin("ddpfleet_daemon_json", "roles/docker/filter_plugins/daemon_json.py")
 
 MANAGED = {
     "live-restore": True,

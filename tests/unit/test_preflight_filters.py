@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from plugin_loader import load_plugin
 
-PLUGIN = Path(__file__).resolve().parents[2] / "roles/preflight/filter_plugins/preflight.py"
-_spec = importlib.util.spec_from_file_location("ddpfleet_preflight_filters", PLUGIN)
-assert _spec is not None
-assert _spec.loader is not None
-preflight = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(preflight)
+preflight = load_plugin("ddpfleet_preflight_filters", "roles/preflight/filter_plugins/preflight.py")
 
 MOUNTS = [
     {"mount": "/", "size_available": 10},

@@ -3,22 +3,20 @@ and status.yml's report."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
+from plugin_loader import load_plugin
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "trainer_run"
 
-_spec = importlib.util.spec_from_file_location(
-    "ddpfleet_run_filters", ROLE / "filter_plugins" / "ddpfleet_run_filters.py"
+filters = load_plugin(
+    "ddpfleet_run_filters", "roles/trainer_run/filter_plugins/ddpfleet_run_filters.py"
 )
-filters = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(filters)
 
 
 def test_trainer_args_maps_names_to_flags():

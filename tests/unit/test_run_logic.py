@@ -3,25 +3,12 @@ failure reporting and the end-of-run report make."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from plugin_loader import load_plugin
 
-ROLE = Path(__file__).resolve().parents[2] / "roles" / "trainer_run"
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-run = _load("ddpfleet_run", ROLE / "module_utils" / "ddpfleet_run.py")
+run = load_plugin("ddpfleet_run", "roles/trainer_run/module_utils/ddpfleet_run.py")
 
 TORCHRUN_FAILURE = """
 [rank1]: RuntimeError: boom

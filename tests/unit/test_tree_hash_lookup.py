@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.loader import lookup_loader
+from plugin_loader import load_plugin
 
 PLUGINS = Path(__file__).resolve().parents[2] / "roles/trainer_image/lookup_plugins"
-PLUGIN = PLUGINS / "ddpfleet_tree_hash.py"
-_spec = importlib.util.spec_from_file_location("ddpfleet_tree_hash", PLUGIN)
-assert _spec is not None
-assert _spec.loader is not None
-tree_hash_module = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tree_hash_module)
+tree_hash_module = load_plugin(
+    "ddpfleet_tree_hash", "roles/trainer_image/lookup_plugins/ddpfleet_tree_hash.py"
+)
 tree_hash = tree_hash_module.tree_hash
 
 SOURCES = ["Dockerfile", "pkg"]

@@ -1,0 +1,21 @@
+"""Import a role's plugin or module_utils file by path (they are not packages)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_plugin(name: str, relative_path: str) -> ModuleType:
+    """Load ROOT/relative_path as module `name` (registered in sys.modules, as dataclasses need)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / relative_path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {relative_path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
