@@ -3,16 +3,24 @@
 A reader never sees a partial file under a final name: the state is written to
 ``.step-N.pt.tmp-<pid>``, fsynced, then renamed with ``os.replace`` and the directory
 fsynced. A crash mid-save leaves only a temp file, which the next save removes.
+``save_run``/``restore_run`` put a training run's whole state in and out of one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+from trainer import distributed as dist_utils
+
+if TYPE_CHECKING:
+    from trainer.engine import Run
 
 LOG = logging.getLogger("trainer")
 NAME = re.compile(r"^step-(\d{9})\.pt$")
@@ -84,3 +92,43 @@ def find_latest(directory: Path) -> tuple[Path, dict[str, object]] | None:
         except CheckpointError as exc:
             LOG.warning("skipping checkpoint: %s", exc)
     return None
+
+
+def save_run(run: Run, batch_in_epoch: int) -> None:
+    """Collective: gather every rank's RNG state, rank 0 writes, all wait for it."""
+    rng = dist_utils.gather_objects(run.env, dist_utils.rng_state())
+    if run.env.is_main:
+        path = save_checkpoint(
+            checkpoint_dir(Path(run.cfg.output_dir)),
+            {
+                "model": run.raw_model.state_dict(),
+                "optimizer": run.optimizer.state_dict(),
+                "scheduler": run.scheduler.state_dict(),
+                "scaler": run.scaler.state_dict(),
+                "step": run.step,
+                "epoch": run.epoch,
+                "batch_in_epoch": batch_in_epoch,
+                "world_size": run.env.world_size,
+                "rng": rng,
+                "args": dataclasses.asdict(run.cfg),
+            },
+            run.cfg.keep_checkpoints,
+        )
+        LOG.info("checkpoint %s", path)
+    dist_utils.barrier(run.env)
+
+
+def restore_run(run: Run, state: dict) -> int:
+    """Load optimizer, schedule, scaler, position and RNG; returns the batch to start at."""
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    run.scaler.load_state_dict(state["scaler"])
+    run.step, run.epoch = int(state["step"]), int(state["epoch"])
+    start_batch = int(state.get("batch_in_epoch", 0))
+    if state.get("world_size") == run.env.world_size and len(state["rng"]) > run.env.rank:
+        dist_utils.set_rng_state(state["rng"][run.env.rank])
+    elif start_batch:
+        LOG.warning("world size changed since the checkpoint: starting the next epoch")
+        run.epoch, start_batch = run.epoch + 1, 0
+    LOG.info("resumed from step %d (epoch %d, batch %d)", run.step, run.epoch, start_batch)
+    return start_batch

@@ -19,6 +19,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.transforms.v2 import functional as F
 
 from trainer.config import BadInputError, TrainConfig
+from trainer.stop import ignore_stop_signals
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -180,6 +181,7 @@ def build_loader(
         drop_last=train,
         persistent_workers=cfg.workers > 0,
         prefetch_factor=4 if cfg.workers > 0 else None,
+        worker_init_fn=ignore_stop_signals,
     )
 
 

@@ -1,12 +1,9 @@
-"""The training step loop, validation, and the stop-on-signal protocol."""
+"""The training step loop, validation, and the ranks' agreement to stop."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import signal
 from collections.abc import Callable
-from types import FrameType
 
 import torch
 from torch import nn
@@ -17,22 +14,7 @@ from trainer.config import TrainConfig
 from trainer.data import to_device
 from trainer.metrics import LOG, Heartbeat, MetricsLog, Throughput
 from trainer.model import autocast
-
-
-class StopFlag:
-    """SIGTERM/SIGINT set a flag; the loop finishes its step. A second signal exits at once."""
-
-    def __init__(self) -> None:
-        self.signum = 0
-
-    def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._handle)
-        signal.signal(signal.SIGINT, self._handle)
-
-    def _handle(self, signum: int, _frame: FrameType | None) -> None:
-        if self.signum:
-            os._exit(128 + signum)  # checkpoints are atomic: nothing is left half-written
-        self.signum = signum
+from trainer.stop import StopFlag
 
 
 @dataclasses.dataclass
@@ -88,6 +70,14 @@ def _log_interval(run: Run, loss_sum: torch.Tensor, count: int) -> None:
         )
 
 
+def stop_agreed(run: Run) -> bool:
+    """Collective: True on every rank when any rank got a stop signal."""
+    signum = dist_utils.agree_max(run.env, run.stop.signum)
+    if signum:
+        run.stop.signum = signum
+    return bool(signum)
+
+
 def train_one_epoch(
     run: Run, loader: DataLoader, on_checkpoint: Callable[[int], None]
 ) -> tuple[bool, int]:
@@ -123,9 +113,7 @@ def train_one_epoch(
             _log_interval(run, loss_sum, count)
             loss_sum.zero_()
             count = 0
-        signum = dist_utils.agree_max(env, run.stop.signum)
-        if signum:
-            run.stop.signum = signum
+        if stop_agreed(run):
             if count:  # so that the summary's final_loss covers the last steps
                 _log_interval(run, loss_sum, count)
             return True, batches

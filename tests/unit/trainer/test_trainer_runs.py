@@ -106,6 +106,36 @@ def test_sigterm_checkpoints_marks_stopped_and_exits_143(tmp_path: Path) -> None
     assert torch.load(path, weights_only=True)["step"] == s["steps"]
 
 
+@pytest.mark.slow
+def test_sigterm_to_torchrun_with_loader_workers_stops_cleanly(
+    image_folder: Path, tmp_path: Path
+) -> None:
+    """torchrun signals each rank's process group: the loader workers get SIGTERM too.
+
+    They must not die of it (the rank would fail on a dead worker instead of stopping).
+    """
+    args = [*TINY, "--data-dir", str(image_folder), "--epochs", "400", "--workers", "2"]
+    args += ["--output-dir", str(tmp_path)]
+    proc = subprocess.Popen(
+        trainer_cmd(args, nproc=2), env=trainer_env(), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    heartbeat = tmp_path / "heartbeat" / "rank-1.json"
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        if heartbeat.exists() and read_json(heartbeat)["step"] >= 2:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=90)
+    s = read_json(tmp_path / "summary.json")
+    assert s["status"] == "stopped", err[-3000:]
+    assert (tmp_path / "checkpoints" / f"step-{s['steps']:09d}.pt").is_file()
+    for rank in (0, 1):
+        log = (tmp_path / "logs" / f"rank-{rank}.log").read_text()
+        assert "killed by signal" not in log, log[-2000:]
+
+
 BAD = [
     (["--data-dir", "/nonexistent/d"], "--data-dir /nonexistent/d: no such directory"),
     (["--synthetic", "--batch-size", "0"], "--batch-size must be at least 1"),

@@ -1,0 +1,198 @@
+"""One training job from start to summary: validate input, train, checkpoint, report."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from trainer import checkpoint as ckpt
+from trainer import distributed as dist_utils
+from trainer.config import BadInputError, TrainConfig, check_output_dir, parse_config
+from trainer.data import build_datasets, build_loader, mean_std
+from trainer.engine import Run, evaluate, stop_agreed, train_one_epoch
+from trainer.metrics import LOG, Heartbeat, MetricsLog, Throughput, setup_logging
+from trainer.metrics import write_json_atomic as write_json
+from trainer.model import (
+    build_model,
+    build_optimizer,
+    build_scheduler,
+    grad_scaler,
+    resolve_amp,
+    scaled_lr,
+    wrap_ddp,
+)
+from trainer.stop import StopFlag
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _resume_state(cfg: TrainConfig) -> dict[str, object] | None:
+    """The checkpoint to start from, loaded before anything is written."""
+    if cfg.resume == "never":
+        return None
+    if cfg.resume == "auto":
+        found = ckpt.find_latest(ckpt.checkpoint_dir(Path(cfg.output_dir)))
+        return found[1] if found else None
+    try:
+        return ckpt.load_checkpoint(Path(cfg.resume))
+    except ckpt.CheckpointError as exc:
+        raise BadInputError(f"--resume {exc}") from None
+
+
+def _prepare(cfg: TrainConfig, env: dist_utils.DistEnv) -> tuple:
+    """Validate everything that can be wrong with the input; write nothing but a probe."""
+    check_output_dir(cfg.output_dir)
+    state = _resume_state(cfg)
+    train_ds, val_ds, num_classes = build_datasets(cfg)
+    cfg.num_classes = num_classes
+    amp_dtype = resolve_amp(cfg.amp, env.device)
+    model = build_model(cfg.arch, num_classes)
+    if state is not None:
+        try:
+            model.load_state_dict(state["model"])  # type: ignore[arg-type]
+        except RuntimeError:
+            raise BadInputError(
+                f"checkpoint at step {state['step']} does not fit --arch {cfg.arch} "
+                f"with {num_classes} classes"
+            ) from None
+    world_batch = cfg.batch_size * env.world_size
+    if len(train_ds) < world_batch:  # type: ignore[arg-type]
+        raise BadInputError(
+            f"{len(train_ds)} training images: fewer than one global batch ({world_batch})"  # type: ignore[arg-type]
+        )
+    return state, train_ds, val_ds, amp_dtype, model
+
+
+def _loop(
+    run: Run, train_loader: DataLoader, val_loader: DataLoader | None, start_batch: int, epochs: int
+) -> tuple[bool, float | None, int]:
+    """Epochs until done or stopped; returns (stopped, last accuracy, batch in epoch)."""
+    accuracy = None
+    stopped = False
+    while run.step < run.total_steps and run.epoch < epochs and not stopped:
+        train_loader.sampler.set_epoch(run.epoch)
+        train_loader.sampler.set_start_batch(start_batch, run.cfg.batch_size)
+        stopped, batches = train_one_epoch(
+            run, train_loader, lambda b, s=start_batch: ckpt.save_run(run, s + b)
+        )
+        start_batch += batches
+        if not stopped and start_batch >= run.steps_per_epoch:
+            if val_loader is not None:
+                accuracy = evaluate(run, val_loader)
+                LOG.info("epoch %d validation accuracy %.4f", run.epoch, accuracy)
+            run.epoch, start_batch = run.epoch + 1, 0
+            if run.step < run.total_steps:  # a signal during validation stops here
+                stopped = stop_agreed(run)
+    if not stopped and val_loader is not None and start_batch:  # ended by --max-steps
+        accuracy = evaluate(run, val_loader)
+        LOG.info("final validation accuracy %.4f", accuracy)
+    return stopped, accuracy, start_batch
+
+
+def _train(cfg: TrainConfig, env: dist_utils.DistEnv, prepared: tuple, stop: StopFlag) -> dict:
+    state, train_ds, val_ds, amp_dtype, model = prepared
+    out = Path(cfg.output_dir)
+    heartbeat = Heartbeat(out, env.rank, env.host)
+    start_step = int(state["step"]) if state else 0
+    heartbeat.beat(start_step)
+    dist_utils.init_distributed(env, cfg.dist_timeout)
+    pin = env.device.type == "cuda"
+    if pin:
+        torch.backends.cudnn.benchmark = True
+        torch.set_float32_matmul_precision("high")
+    train_loader = build_loader(train_ds, cfg, env.rank, env.world_size, pin=pin, train=True)
+    val_loader = None
+    if val_ds is not None:
+        val_loader = build_loader(val_ds, cfg, env.rank, env.world_size, pin=pin, train=False)
+    spe = len(train_loader)
+    total = cfg.max_steps or cfg.epochs * spe
+    epochs = math.ceil(total / spe)
+    model = model.to(env.device, memory_format=torch.channels_last if cfg.channels_last else None)
+    wrapped = wrap_ddp(model, env.device, env.distributed)
+    if cfg.compile:
+        wrapped = torch.compile(wrapped)
+    optimizer = build_optimizer(model, cfg, scaled_lr(cfg.lr, cfg.batch_size * env.world_size))
+    scheduler = build_scheduler(optimizer, total, round(cfg.warmup_epochs * spe), cfg.lr_decay)
+    scaler = grad_scaler(env.device, amp_dtype)
+    run = Run(
+        cfg,
+        env,
+        wrapped,
+        model,
+        optimizer,
+        scheduler,
+        scaler,
+        nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
+        amp_dtype,
+        mean_std(env.device),
+        heartbeat,
+        None,
+        Throughput(cfg.throughput_warmup),
+        stop,
+        total,
+        spe,
+    )
+    start_batch = ckpt.restore_run(run, state) if state else 0
+    if env.is_main:
+        run.metrics = MetricsLog(out / "metrics.jsonl", start_step if state else None)
+    LOG.info("world %d, device %s, amp %s, %d steps", env.world_size, env.device, amp_dtype, total)
+    stopped, accuracy, start_batch = _loop(run, train_loader, val_loader, start_batch, epochs)
+    ckpt.save_run(run, start_batch)
+    if env.device.type == "cuda":
+        torch.cuda.synchronize(env.device)
+    heartbeat.beat(run.step)
+    rates = dist_utils.gather_objects(env, run.meter.overall())
+    digests = dist_utils.gather_objects(env, dist_utils.param_digest(model))
+    known = [r for r in rates if r is not None]
+    return {
+        "status": "stopped" if stopped else "completed",
+        "steps": run.step,
+        "epoch": run.epoch,
+        "images_per_sec": round(sum(known), 2) if len(known) == len(rates) else None,
+        "per_rank_images_per_sec": [None if r is None else round(r, 2) for r in rates],
+        "final_loss": run.last_loss,
+        "final_accuracy": accuracy,
+        "resumed_from_step": start_step if state else None,
+        "param_sha256_per_rank": digests,
+        "global_batch": cfg.batch_size * env.world_size,
+        "amp": str(amp_dtype).removeprefix("torch.") if amp_dtype else "off",
+        "device": env.device.type,
+        "throughput_warmup_steps": cfg.throughput_warmup,
+    }
+
+
+def run(argv: list[str] | None, stop: StopFlag) -> int:
+    """Run the trainer; returns the process exit code (see docs/design.md)."""
+    started = time.time()
+    env = dist_utils.env_from_torchrun()
+    try:
+        cfg = parse_config(argv)
+        dist_utils.seed_everything(cfg.seed, env.rank)
+        prepared = _prepare(cfg, env)
+    except BadInputError as exc:
+        if env.local_rank == 0:
+            sys.stderr.write(f"trainer: error: {exc}\n")
+        return EXIT_BAD_INPUT
+    setup_logging(Path(cfg.output_dir), env.rank)
+    summary: dict[str, object] = {"world_size": env.world_size}
+    try:
+        summary |= _train(cfg, env, prepared, stop)
+        code = 128 + stop.signum if summary["status"] == "stopped" else EXIT_OK
+    except Exception as exc:  # any training failure: record it, exit 1
+        LOG.error("training failed: %s\n%s", exc, traceback.format_exc())
+        summary |= {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+        code = EXIT_FAILED
+    summary["wall_time_sec"] = round(time.time() - started, 3)
+    if env.is_main:
+        write_json(Path(cfg.output_dir) / "summary.json", summary)
+        LOG.info("summary %s", summary)
+    if code != EXIT_FAILED:
+        dist_utils.teardown(env)
+    return code

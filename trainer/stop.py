@@ -1,0 +1,39 @@
+"""The stop-on-signal protocol: SIGTERM/SIGINT set a flag, the loop finishes its step.
+
+Nothing here imports torch, so ``python -m trainer`` installs the handler before the
+seconds-long torch import: a signal during start-up is not lost either.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from types import FrameType
+
+
+class StopFlag:
+    """SIGTERM/SIGINT set ``signum``; a second signal exits at once (checkpoints are atomic)."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signum:
+            os._exit(128 + signum)  # nothing is left half-written: saves are temp + rename
+        self.signum = signum
+
+
+def ignore_stop_signals(_worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: leave SIGTERM/SIGINT to the rank process.
+
+    torchrun signals each rank's whole process group, and Ctrl-C reaches a terminal's
+    foreground group, so loader workers get the stop signal too. A worker that died of it
+    would fail the rank ("worker killed by signal") instead of letting it checkpoint and
+    stop. Workers still end: the rank shuts them down on exit, and they exit if it dies.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
