@@ -230,17 +230,23 @@ def test_rerun_of_a_failed_run_resumes_from_the_checkpoint(cluster: Any, killed:
 # --- ImageFolder data on the shared storage ----------------------------------------------
 
 
-def test_imagefolder_run_on_shared_storage(cluster: Any) -> None:
-    dataset = f"e2e-{STAMP}"
+@pytest.fixture(scope="module")
+def dataset(cluster: Any) -> str:
+    """A JPEG ImageFolder data set on the shared storage, written by the training image."""
+    name = f"e2e-{STAMP}"
     image = cluster.ssh(cluster.nodes[0], "cat /etc/ddpfleet/trainer_image").stdout.strip()
     made = cluster.ssh(
         cluster.nodes[0],
         f"docker run --rm --user 2000:2000 --network none -v {SHARED}:{SHARED} "
-        f"--entrypoint python {image} -m trainer.make_dataset --out {SHARED}/datasets/{dataset} "
+        f"--entrypoint python {image} -m trainer.make_dataset --out {SHARED}/datasets/{name} "
         "--classes 4 --train-per-class 12 --val-per-class 4 --size 48",
         timeout=300,
     )
     assert made.returncode == 0, made.stdout + made.stderr
+    return name
+
+
+def test_imagefolder_run_on_shared_storage(cluster: Any, dataset: str) -> None:
     rid = run_id("folder")
     run = train(
         cluster, rid, "-e", "train_synthetic=false", "-e", f"train_data_dir={dataset}",
@@ -256,13 +262,16 @@ def test_imagefolder_run_on_shared_storage(cluster: Any) -> None:
 
 # --- stop: status while running, refusal, stop, resume ------------------------------------
 
-STOPPABLE = ["-e", "train_max_steps=16", "-e", "train_checkpoint_every=0"]
+STOP_STEPS = 100  # long enough that status.yml and the refused train.yml run before it ends
+STOPPABLE = ["-e", f"train_max_steps={STOP_STEPS}", "-e", "train_checkpoint_every=0"]
+# ImageFolder with loader workers: torchrun's SIGTERM reaches each rank's whole process group.
+STOPPABLE += ["-e", "train_synthetic=false", "-e", "train_batch_size=4", "-e", "train_workers=1"]
 
 
 @pytest.fixture(scope="module")
-def stopped(cluster: Any) -> dict:
+def stopped(cluster: Any, dataset: str) -> dict:
     rid = run_id("stop")
-    proc = start_train(cluster, rid, *STOPPABLE)
+    proc = start_train(cluster, rid, *STOPPABLE, "-e", f"train_data_dir={dataset}")
     try:
         wait_for_step(cluster, rid, 3, proc)
         status = run_site(cluster, "-e", f"run_id={rid}", playbook="status.yml")
@@ -303,6 +312,7 @@ def test_stop_checkpoints_and_marks_the_run_stopped(stopped: dict, cluster: Any)
     assert stop.rc == 0, stop.tail()
     data = summary(cluster, stopped["rid"])
     assert data["status"] == "stopped"
+    assert "stopped (as recorded by the trainer)" in stop.stdout, stop.tail()  # not stop.yml's
     ckpts = cluster.ssh(cluster.nodes[0], f"ls {SHARED}/runs/{stopped['rid']}/checkpoints")
     assert re.search(r"step-\d+\.pt", ckpts.stdout), ckpts.stdout
     assert containers(cluster, stopped["rid"]) == {}
@@ -310,16 +320,16 @@ def test_stop_checkpoints_and_marks_the_run_stopped(stopped: dict, cluster: Any)
     assert f"run {stopped['rid']} was stopped" in stopped["train_out"]
 
 
-def test_train_resumes_a_stopped_run(stopped: dict, cluster: Any) -> None:
+def test_train_resumes_a_stopped_run(stopped: dict, cluster: Any, dataset: str) -> None:
     rid = stopped["rid"]
     before = summary(cluster, rid)["steps"]
-    run = train(cluster, rid, *STOPPABLE)
+    run = train(cluster, rid, *STOPPABLE, "-e", f"train_data_dir={dataset}")
     assert run.rc == 0, run.tail()
     assert f"resuming run {rid}" in run.stdout
     data = summary(cluster, rid)
     assert data["status"] == "completed"
     assert data["resumed_from_step"] == before
-    assert data["steps"] == 16
+    assert data["steps"] == STOP_STEPS
 
 
 # --- bad input: one line, nothing started -------------------------------------------------------
