@@ -115,7 +115,7 @@ def _train(cfg: TrainConfig, env: dist_utils.DistEnv, prepared: tuple, stop: Sto
     total = cfg.max_steps or cfg.epochs * spe
     epochs = math.ceil(total / spe)
     model = model.to(env.device, memory_format=torch.channels_last if cfg.channels_last else None)
-    wrapped = wrap_ddp(model, env.device, env.distributed)
+    wrapped = wrap_ddp(model, env.device, env.world_size)
     if cfg.compile:
         wrapped = torch.compile(wrapped)
     optimizer = build_optimizer(model, cfg, scaled_lr(cfg.lr, cfg.batch_size * env.world_size))

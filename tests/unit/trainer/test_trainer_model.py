@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from trainer.model import (
     lr_factor,
     resolve_amp,
     scaled_lr,
+    wrap_ddp,
 )
 
 CPU = torch.device("cpu")
@@ -71,3 +74,20 @@ def test_amp_auto_uses_bf16_on_a_bf16_cpu() -> None:
 def test_grad_scaler_only_for_fp16() -> None:
     assert grad_scaler(CPU, torch.float16).is_enabled()
     assert not grad_scaler(CPU, torch.bfloat16).is_enabled()
+
+
+def test_wrap_ddp_leaves_a_world_of_one_unwrapped() -> None:
+    model = torch.nn.Linear(2, 2)
+    assert wrap_ddp(model, torch.device("cpu"), 1) is model
+
+
+def test_wrap_ddp_wraps_with_bucket_views_and_a_static_graph(tmp_path: Path) -> None:
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        wrapped = wrap_ddp(torch.nn.Linear(2, 2), torch.device("cpu"), 2)
+        assert isinstance(wrapped, torch.nn.parallel.DistributedDataParallel)
+        assert wrapped.gradient_as_bucket_view
+        assert wrapped.static_graph
+    finally:
+        torch.distributed.destroy_process_group()
