@@ -87,9 +87,9 @@ def _loop(
             if val_loader is not None:
                 accuracy = evaluate(run, val_loader)
                 LOG.info("epoch %d validation accuracy %.4f", run.epoch, accuracy)
+                # a signal during validation stops here, not after the next epoch's first step
+                stopped = run.step < run.total_steps and stop_agreed(run)
             run.epoch, start_batch = run.epoch + 1, 0
-            if run.step < run.total_steps:  # a signal during validation stops here
-                stopped = stop_agreed(run)
     if not stopped and val_loader is not None and start_batch:  # ended by --max-steps
         accuracy = evaluate(run, val_loader)
         LOG.info("final validation accuracy %.4f", accuracy)
