@@ -263,15 +263,21 @@ def test_imagefolder_run_on_shared_storage(cluster: Any, dataset: str) -> None:
 # --- stop: status while running, refusal, stop, resume ------------------------------------
 
 STOP_STEPS = 100  # long enough that status.yml and the refused train.yml run before it ends
-STOPPABLE = ["-e", f"train_max_steps={STOP_STEPS}", "-e", "train_checkpoint_every=0"]
-# ImageFolder with loader workers: torchrun's SIGTERM reaches each rank's whole process group.
-STOPPABLE += ["-e", "train_synthetic=false", "-e", "train_batch_size=4", "-e", "train_workers=1"]
+
+
+def stoppable(dataset: str) -> list[str]:
+    """ImageFolder with loader workers: torchrun's SIGTERM reaches each rank's process group."""
+    return [
+        "-e", f"train_max_steps={STOP_STEPS}", "-e", "train_checkpoint_every=0",
+        "-e", "train_synthetic=false", "-e", f"train_data_dir={dataset}",
+        "-e", "train_batch_size=4", "-e", "train_workers=1",
+    ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def stopped(cluster: Any, dataset: str) -> dict:
     rid = run_id("stop")
-    proc = start_train(cluster, rid, *STOPPABLE, "-e", f"train_data_dir={dataset}")
+    proc = start_train(cluster, rid, *stoppable(dataset))
     try:
         wait_for_step(cluster, rid, 3, proc)
         status = run_site(cluster, "-e", f"run_id={rid}", playbook="status.yml")
@@ -323,7 +329,7 @@ def test_stop_checkpoints_and_marks_the_run_stopped(stopped: dict, cluster: Any)
 def test_train_resumes_a_stopped_run(stopped: dict, cluster: Any, dataset: str) -> None:
     rid = stopped["rid"]
     before = summary(cluster, rid)["steps"]
-    run = train(cluster, rid, *STOPPABLE, "-e", f"train_data_dir={dataset}")
+    run = train(cluster, rid, *stoppable(dataset))
     assert run.rc == 0, run.tail()
     assert f"resuming run {rid}" in run.stdout
     data = summary(cluster, rid)

@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_helpers import TINY, read_json, read_metrics, run_trainer, trainer_cmd, trainer_env
+from trainer_helpers import (
+    TINY,
+    read_json,
+    read_metrics,
+    run_trainer,
+    trainer_cmd,
+    trainer_env,
+    wait_for_step,
+)
 
 from trainer.__main__ import main
 
@@ -87,12 +95,7 @@ def test_2rank_on_a_generated_image_folder(image_folder: Path, tmp_path: Path) -
 def test_sigterm_checkpoints_marks_stopped_and_exits_143(tmp_path: Path) -> None:
     args = [*SYNTH, "--max-steps", "400", "--log-every", "50", "--output-dir", str(tmp_path)]
     proc = subprocess.Popen(trainer_cmd(args), env=trainer_env(), stdout=subprocess.DEVNULL)
-    heartbeat = tmp_path / "heartbeat" / "rank-0.json"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if heartbeat.exists() and read_json(heartbeat)["step"] >= 2:
-            break
-        time.sleep(0.2)
+    wait_for_step(tmp_path / "heartbeat" / "rank-0.json", 2, proc, timeout=120)
     proc.send_signal(signal.SIGTERM)
     signalled = time.time()
     assert proc.wait(timeout=60) == 143
@@ -120,12 +123,7 @@ def test_sigterm_to_torchrun_with_loader_workers_stops_cleanly(
         trainer_cmd(args, nproc=2), env=trainer_env(), stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    heartbeat = tmp_path / "heartbeat" / "rank-1.json"
-    deadline = time.time() + 180
-    while time.time() < deadline and proc.poll() is None:
-        if heartbeat.exists() and read_json(heartbeat)["step"] >= 2:
-            break
-        time.sleep(0.2)
+    wait_for_step(tmp_path / "heartbeat" / "rank-1.json", 2, proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=90)
     s = read_json(tmp_path / "summary.json")

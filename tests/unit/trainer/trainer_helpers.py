@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 TINY = ["--image-size", "32", "--batch-size", "2", "--workers", "0", "--log-every", "1"]
@@ -49,3 +50,12 @@ def read_json(path: Path) -> dict:
 
 def read_metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def wait_for_step(heartbeat: Path, step: int, proc: subprocess.Popen, timeout: float = 180) -> None:
+    """Until the rank's heartbeat file reports ``step`` (or the process ends, or time is up)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if heartbeat.exists() and read_json(heartbeat)["step"] >= step:
+            return
+        time.sleep(0.2)
