@@ -72,10 +72,8 @@ def _log_interval(run: Run, loss_sum: torch.Tensor, count: int) -> None:
 
 def stop_agreed(run: Run) -> bool:
     """Collective: True on every rank when any rank got a stop signal."""
-    signum = dist_utils.agree_max(run.env, run.stop.signum)
-    if signum:
-        run.stop.signum = signum
-    return bool(signum)
+    run.stop.agreed = dist_utils.agree_max(run.env, run.stop.signum)
+    return bool(run.stop.agreed)
 
 
 def train_one_epoch(

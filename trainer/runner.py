@@ -184,7 +184,7 @@ def run(argv: list[str] | None, stop: StopFlag) -> int:
     summary: dict[str, object] = {"world_size": env.world_size}
     try:
         summary |= _train(cfg, env, prepared, stop)
-        code = 128 + stop.signum if summary["status"] == "stopped" else EXIT_OK
+        code = 128 + stop.agreed if summary["status"] == "stopped" else EXIT_OK
     except Exception as exc:  # any training failure: record it, exit 1
         LOG.error("training failed: %s\n%s", exc, traceback.format_exc())
         summary |= {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}

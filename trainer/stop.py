@@ -12,10 +12,16 @@ from types import FrameType
 
 
 class StopFlag:
-    """SIGTERM/SIGINT set ``signum``; a second signal exits at once (checkpoints are atomic)."""
+    """SIGTERM/SIGINT set ``signum``; a second signal exits at once (checkpoints are atomic).
+
+    ``agreed`` is the signal all ranks agreed to stop for (set by the training loop). A rank
+    on another host can stop on a peer's signal before its own arrives; that first signal
+    of its own, in the middle of the stop checkpoint, must not count as a second one.
+    """
 
     def __init__(self) -> None:
         self.signum = 0
+        self.agreed = 0
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._handle)

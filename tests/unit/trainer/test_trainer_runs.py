@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 from trainer_helpers import (
     TINY,
+    free_port,
     read_json,
     read_metrics,
     run_trainer,
@@ -132,6 +134,36 @@ def test_sigterm_to_torchrun_with_loader_workers_stops_cleanly(
     for rank in (0, 1):
         log = (tmp_path / "logs" / f"rank-{rank}.log").read_text()
         assert "killed by signal" not in log, log[-2000:]
+
+
+@pytest.mark.slow
+def test_hosts_signalled_one_after_another_stop_cleanly(tmp_path: Path) -> None:
+    """stop.yml signals each host's torchrun in turn: a rank that already stopped on its peer's
+    signal gets its own later, in the middle of the stop checkpoint. That must not count as
+    a second signal (which exits at once)."""
+    args = [*SYNTH, "--max-steps", "4000", "--log-every", "50", "--output-dir", str(tmp_path)]
+    port = str(free_port())
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2"]
+    torchrun += ["--nproc-per-node", "1", "--rdzv-backend", "static"]
+    torchrun += ["--master-addr", "127.0.0.1", "--master-port", port]
+    hosts = [
+        subprocess.Popen(
+            [*torchrun, "--node-rank", str(node), "-m", "trainer", *args],
+            env=trainer_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for node in (0, 1)
+    ]
+    wait_for_step(tmp_path / "heartbeat" / "rank-1.json", 3, hosts[1])
+    hosts[0].send_signal(signal.SIGTERM)
+    wait_for_step(tmp_path / "heartbeat" / "rank-1.json", 10**9, hosts[1], timeout=0.5)
+    hosts[1].send_signal(signal.SIGTERM)
+    for proc in hosts:
+        proc.wait(timeout=90)
+    s = read_json(tmp_path / "summary.json")
+    assert s["status"] == "stopped", s
+    assert (tmp_path / "checkpoints" / f"step-{s['steps']:09d}.pt").is_file()
 
 
 BAD = [
