@@ -1,0 +1,188 @@
+"""Agents on localhost around fake launchers: real processes, a real TCPStore, real signals."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer.agent.ranks import descendants
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# A stand-in for torchrun: starts one "rank" child per --rank given, waits, and exits with
+# the first non-zero code (0 when all ranks exit 0), like torchrun without restarts.
+LAUNCHER = r"""
+import os, subprocess, sys, time
+ranks = [a for a in sys.argv[1:]]
+procs = [subprocess.Popen([sys.executable, os.environ["FAKE_RANK"], r]) for r in ranks]
+while True:
+    codes = [p.poll() for p in procs]
+    bad = [c for c in codes if c not in (None, 0)]
+    if bad:
+        first = next(i for i, c in enumerate(codes) if c not in (None, 0))
+        print("Root Cause (first observed failure):")
+        print("[0]:\n  time      : now\n  host      : here")
+        print(f"  rank      : {ranks[first]} (local_rank: {first})")
+        print(f"  exitcode  : {codes[first]} (pid: {procs[first].pid})", flush=True)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        sys.exit(1)
+    if all(c == 0 for c in codes):
+        sys.exit(0)
+    time.sleep(0.1)
+"""
+
+# A stand-in for a trainer rank: behaviour from FAKE_<rank> = "run:<s>", "exit:<code>:<s>",
+# "hang" (alive, no progress after step 3), "stoppable" (SIGTERM -> exit 143),
+# "deaf" (ignores SIGTERM). Writes heartbeats like the trainer (a thread, once a second).
+RANK = r"""
+import json, os, signal, sys, threading, time
+rank = int(sys.argv[1])
+mode = os.environ.get(f"FAKE_{rank}", "run:60").split(":")
+hb_dir = os.environ["DDPFLEET_HEARTBEAT_DIR"]
+state = {"step": 0, "progress_time": time.time(), "phase": "train"}
+def beat():
+    while True:
+        rec = {"rank": rank, "local_rank": 0, "pid": os.getpid(), "host": "h", "time": time.time(),
+               "step": state["step"], "total_steps": 1000, "epoch": 0, "phase": state["phase"],
+               "progress_time": state["progress_time"], "loss": 1.5, "images_per_sec": 10.0}
+        tmp = os.path.join(hb_dir, f".rank-{rank}.tmp")
+        with open(tmp, "w") as fh:
+            json.dump(rec, fh)
+        os.replace(tmp, os.path.join(hb_dir, f"rank-{rank}.json"))
+        time.sleep(0.3)
+threading.Thread(target=beat, daemon=True).start()
+stop = []
+if mode[0] == "stoppable":
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+if mode[0] == "deaf":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+deadline = time.time() + (float(mode[-1]) if mode[0] in ("run", "exit") else 120)
+while time.time() < deadline:
+    if stop:
+        time.sleep(0.5)
+        sys.exit(143)
+    if not (mode[0] == "hang" and state["step"] >= 3 + rank):
+        state["step"] += 1
+        state["progress_time"] = time.time()
+    time.sleep(0.2)
+sys.exit(int(mode[1]) if mode[0] == "exit" else 0)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """n agents on this machine, one rank each (global rank = node rank)."""
+
+    def __init__(self, tmp: Path, hosts: int, **options: float):
+        self.tmp = tmp
+        self.run_dir = tmp / "run"
+        self.run_dir.mkdir()
+        self.hosts = [f"h{i}" for i in range(hosts)]
+        self.port = free_port()
+        (tmp / "launcher.py").write_text(LAUNCHER)
+        (tmp / "rank.py").write_text(RANK)
+        self.options = {"peer-timeout": 4, "heartbeat-timeout": 4, "stop-timeout": 5, **options}
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, modes: dict[int, str]) -> None:
+        for node, host in enumerate(self.hosts):
+            args = [sys.executable, "-m", "trainer.agent", "--run-dir", str(self.run_dir),
+                    "--run-id", "t1", "--host", host, "--node-rank", str(node),
+                    "--hosts", ",".join(self.hosts), "--store", f"127.0.0.1:{self.port}",
+                    "--attempt", "a1"]  # fmt: skip
+            for name, value in self.options.items():
+                args += [f"--{name}", str(value)]
+            args += ["--", sys.executable, str(self.tmp / "launcher.py"), str(node)]
+            env = {**os.environ, "FAKE_RANK": str(self.tmp / "rank.py"), "PYTHONPATH": str(ROOT)}
+            env.update({f"FAKE_{r}": m for r, m in modes.items()})
+            out = subprocess.PIPE
+            self.procs.append(
+                subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+            )
+
+    def wait(self, timeout: float = 60) -> list[int]:
+        deadline = time.monotonic() + timeout
+        codes = []
+        for p in self.procs:
+            try:
+                codes.append(p.wait(max(deadline - time.monotonic(), 0.1)))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                pytest.fail(f"agent still running after {timeout}s:\n{self.output()}")
+        return codes
+
+    def output(self) -> str:
+        out = []
+        for p in self.procs:
+            if p.poll() is not None and p.stdout:
+                out.append(p.stdout.read())
+        return "\n---\n".join(out)
+
+    def json(self, name: str) -> dict:
+        return json.loads((self.run_dir / name).read_text())
+
+    def heartbeat_ready(self, node: int, step: int = 1, timeout: float = 30) -> None:
+        """Wait until the agent of `node` has published a step of its rank in progress."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            log = self.run_dir / "nodes" / f"{self.hosts[node]}.log"
+            if log.exists() and "node_rank" in log.read_text():
+                time.sleep(step)
+                return
+            time.sleep(0.2)
+        pytest.fail("agent never started")
+
+    def rank_pid(self, node: int) -> int:
+        """The fake rank process under node's agent (waits for it to have a heartbeat)."""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            for pid in descendants(self.procs[node].pid):
+                with contextlib.suppress(OSError):
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                    if any(part.endswith(b"rank.py") for part in cmdline):
+                        time.sleep(1.5)  # its heartbeat thread has written by now
+                        return pid
+            time.sleep(0.2)
+        raise AssertionError(f"no rank process under agent {node}")
+
+    def kill_host(self, node: int) -> None:
+        """SIGKILL an agent and everything below it, as when its container is killed."""
+        for pid in [self.procs[node].pid, *descendants(self.procs[node].pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.procs[node].wait(10)
+
+    def stop_all(self) -> None:
+        for node, p in enumerate(self.procs):
+            if p.poll() is None:
+                self.kill_host(node)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    made: list[Cluster] = []
+
+    def make(hosts: int = 2, **options: float) -> Cluster:
+        c = Cluster(tmp_path, hosts, **options)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.stop_all()

@@ -1,0 +1,134 @@
+"""The run agent end to end on localhost: real agents, a real TCPStore, fake torchrun/ranks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from trainer.agent.cli import BadAgentInput, parse_args
+
+
+def test_completed_run_records_every_host(cluster):
+    c = cluster(3)
+    c.start({0: "run:2", 1: "run:2", 2: "run:2"})
+    assert c.wait() == [0, 0, 0], c.output()
+    for host in c.hosts:
+        rec = c.json(f"nodes/{host}.exit")
+        assert (rec["outcome"], rec["exit_code"], rec["attempt"]) == ("completed", 0, "a1")
+    progress = c.json("progress.json")
+    assert progress["state"] == "ended"
+    assert progress["hosts"] == {h: "exited" for h in c.hosts}
+    assert "node_rank 0 of 3" in (c.run_dir / "nodes" / "h0.log").read_text()
+
+
+def test_failed_rank_ends_every_host_and_names_it(cluster):
+    c = cluster(3)
+    c.start({0: "run:60", 1: "exit:3:2", 2: "run:60"})
+    t0 = time.monotonic()
+    codes = c.wait()
+    assert time.monotonic() - t0 < 20, c.output()
+    assert all(code != 0 for code in codes), (codes, c.output())
+    summary = c.json("summary.json")
+    assert summary["status"] == "failed"
+    assert (summary["failure"]["host"], summary["failure"]["rank"]) == ("h1", 1)
+    assert summary["failure"]["exit_code"] == 3
+    assert summary["cause"].startswith("run t1 failed: host h1 rank 1: rank 1 exited with code 3")
+    assert c.json("nodes/h0.exit")["outcome"] == "failed"
+
+
+def test_dead_host_is_named_by_the_others(cluster):
+    c = cluster(3, **{"peer-timeout": 3})
+    c.start({0: "run:60", 1: "run:60", 2: "run:60"})
+    c.heartbeat_ready(1, step=2)
+    c.kill_host(1)  # the whole container gone: nobody reports for h1
+    killed = time.monotonic()
+    c.procs[0].wait(30)
+    c.procs[2].wait(30)
+    assert time.monotonic() - killed < 3 + 8, c.output()
+    failure = c.json("summary.json")["failure"]
+    assert failure["host"] == "h1", failure
+    assert "keepalive" in failure["reason"]
+
+
+def test_frozen_rank_is_named_not_its_peers(cluster):
+    c = cluster(2, **{"heartbeat-timeout": 3})
+    c.start({0: "run:60", 1: "run:60"})
+    c.heartbeat_ready(1, step=2)
+    rank_pid = c.rank_pid(1)
+    os.kill(rank_pid, signal.SIGSTOP)
+    try:
+        c.wait(30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the agent SIGKILLs it: gone already
+            os.kill(rank_pid, signal.SIGCONT)
+    failure = c.json("summary.json")["failure"]
+    assert (failure["host"], failure["rank"]) == ("h1", 1), failure
+    assert "frozen" in failure["reason"]
+
+
+def test_hang_names_the_rank_whose_step_stopped_first(cluster):
+    # both ranks alive; rank 0 stops progressing at step 3, rank 1 at step 4
+    c = cluster(2, **{"heartbeat-timeout": 3})
+    c.start({0: "hang", 1: "hang"})
+    c.wait(40)
+    failure = c.json("summary.json")["failure"]
+    assert (failure["host"], failure["rank"]) == ("h0", 0), failure
+    assert "hung" in failure["reason"]
+    assert "step 3" in failure["reason"]
+
+
+def test_sigterm_to_one_agent_stops_every_host(cluster):
+    c = cluster(2)
+    c.start({0: "stoppable", 1: "stoppable"})
+    c.heartbeat_ready(1, step=2)
+    c.procs[1].send_signal(signal.SIGTERM)
+    assert c.wait(30) == [143, 143], c.output()
+    assert c.json("nodes/h0.exit")["outcome"] == "stopped"
+    assert "stop requested by h1" in (c.run_dir / "nodes" / "h0.log").read_text()
+
+
+def test_stop_escalates_to_sigkill_after_the_stop_timeout(cluster):
+    c = cluster(2, **{"stop-timeout": 2})
+    c.start({0: "deaf", 1: "deaf"})
+    c.heartbeat_ready(1, step=2)
+    t0 = time.monotonic()
+    c.procs[0].send_signal(signal.SIGTERM)
+    assert c.wait(30) == [143, 143], c.output()
+    assert time.monotonic() - t0 < 2 + 8
+    summary = c.json("summary.json")
+    assert (summary["status"], summary["stopped_by"]) == ("stopped", "agent")
+
+
+def test_unreachable_store_fails_with_one_line(tmp_path):
+    args = [sys.executable, "-m", "trainer.agent", "--run-dir", str(tmp_path), "--run-id", "t",
+            "--host", "b", "--node-rank", "1", "--hosts", "a,b", "--store", "127.0.0.1:1",
+            "--peer-timeout", "1", "--", "true"]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 1
+    assert "cannot reach the run's store at 127.0.0.1:1" in proc.stdout
+
+
+def test_bad_command_line_is_one_line_and_exit_2():
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.agent", "--run-dir", "/tmp", "--", "true"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("trainer.agent: error:")
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_parse_args_checks_host_and_rank():
+    base = ["--run-dir", "d", "--run-id", "r", "--hosts", "a,b", "--store", "x:1"]
+    cfg = parse_args([*base, "--host", "b", "--node-rank", "1", "--", "cmd", "-x"])
+    assert (cfg.node_rank, cfg.command, cfg.store_port) == (1, ["cmd", "-x"], 1)
+    for bad in (["--host", "c", "--node-rank", "0"], ["--host", "a", "--node-rank", "1"]):
+        try:
+            parse_args([*base, *bad, "--", "cmd"])
+        except BadAgentInput:
+            continue
+        raise AssertionError(bad)

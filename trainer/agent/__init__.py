@@ -1,0 +1,25 @@
+"""The run agent: PID 1 of every run container, supervising its host's ranks.
+
+``python -m trainer.agent --run-dir D --run-id R --host H --node-rank N --hosts h0,h1,...
+--store ADDR:PORT [--peer-timeout S] [--heartbeat-timeout S] [--stop-timeout S]
+[--max-runtime S] [--attempt A] [--log-tail-lines N] -- torchrun ... -m trainer ...``
+
+One agent per host. Node rank 0's agent serves a c10d TCPStore at ``--store``; the others
+connect to it. Each agent:
+
+- starts the command (torchrun) in its own session with ``DDPFLEET_HEARTBEAT_DIR`` set to a
+  container-local directory, copies its output to stdout and ``nodes/<host>.log``;
+- reads its ranks' heartbeat files there (about once a second, nothing on shared storage) and
+  publishes their step, phase and ages in the store with a keepalive counter;
+- puts the first failure (host, rank, exit code, reason) into the store (compare-and-set: the
+  first claim wins) and kills its ranks as soon as it sees one: a rank that exited non-zero,
+  a host whose keepalive stopped (``--peer-timeout``), a lost store connection (the store's
+  host failed), a frozen rank (heartbeat thread silent for ``--heartbeat-timeout``), or a hang
+  (no rank progressed for ``--heartbeat-timeout``: the rank whose step stopped first is named);
+- on SIGTERM/SIGINT asks every agent through the store to stop: each signals its ranks (which
+  checkpoint and exit) and escalates to SIGKILL itself after ``--stop-timeout``;
+- writes ``nodes/<host>.exit``; node rank 0 (or, when it is gone, the hosts that lost it)
+  writes a failure into ``summary.json`` and keeps ``progress.json`` current.
+
+Nothing needs the controller: the run goes on and ends the same way without it.
+"""

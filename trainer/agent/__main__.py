@@ -1,0 +1,28 @@
+"""``python -m trainer.agent ... -- <command>``: see the package docstring."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from trainer.agent.cli import BadAgentInput, parse_args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the agent; returns its exit code (0 completed, 143 stopped, else failed)."""
+    try:
+        cfg = parse_args(sys.argv[1:] if argv is None else argv)
+    except BadAgentInput as exc:
+        sys.stderr.write(f"trainer.agent: error: {exc}\n")
+        return 2
+    # The store client logs a C++ stack trace for every lost connection; the agent reports
+    # those in one line itself. The ranks get the user's setting back.
+    child_env = dict(os.environ)
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    from trainer.agent.supervise import Agent  # noqa: PLC0415 - torch loads only for a valid call
+
+    return Agent(cfg, child_env).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""The agent's command line: one dataclass, one parser, one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import re
+
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
+
+
+class BadAgentInput(ValueError):
+    """Bad command line: reported in one line, exit code 2."""
+
+
+@dataclasses.dataclass
+class AgentConfig:
+    run_dir: str
+    run_id: str
+    host: str
+    node_rank: int
+    hosts: list[str]
+    store_host: str
+    store_port: int
+    command: list[str]
+    peer_timeout: float = 60.0
+    heartbeat_timeout: float = 300.0
+    stop_timeout: float = 90.0
+    max_runtime: float = 0.0
+    attempt: str = ""
+    log_tail_lines: int = 20
+    tick: float = 0.5  # seconds between supervision rounds
+    settle: float = 2.0  # seconds to watch the peers before naming the cause of an exit
+
+    @property
+    def is_server(self) -> bool:
+        return self.node_rank == 0
+
+    @property
+    def store_host_name(self) -> str:
+        return self.hosts[0]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise BadAgentInput(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m trainer.agent", add_help=True)
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--host", required=True)
+    p.add_argument("--node-rank", type=int, required=True)
+    p.add_argument(
+        "--hosts", required=True, help="inventory names in node-rank order, comma-separated"
+    )
+    p.add_argument("--store", required=True, help="ADDR:PORT of the run's TCPStore (node rank 0)")
+    p.add_argument("--peer-timeout", type=float, default=60.0)
+    p.add_argument("--heartbeat-timeout", type=float, default=300.0)
+    p.add_argument("--stop-timeout", type=float, default=90.0)
+    p.add_argument("--max-runtime", type=float, default=0.0, help="0: no limit")
+    p.add_argument("--attempt", default="")
+    p.add_argument("--log-tail-lines", type=int, default=20)
+    return p
+
+
+def parse_args(argv: list[str]) -> AgentConfig:
+    """Options, then ``--``, then the command to supervise."""
+    if "--" not in argv:
+        raise BadAgentInput("give the command to supervise after --")
+    cut = argv.index("--")
+    ns = _parser().parse_args(argv[:cut])
+    command = argv[cut + 1 :]
+    if not command:
+        raise BadAgentInput("give the command to supervise after --")
+    hosts = [h for h in ns.hosts.split(",") if h]
+    if ns.host not in hosts:
+        raise BadAgentInput(f"--host {ns.host} is not in --hosts {ns.hosts}")
+    if not 0 <= ns.node_rank < len(hosts) or hosts[ns.node_rank] != ns.host:
+        raise BadAgentInput(f"--node-rank {ns.node_rank} does not name {ns.host} in --hosts")
+    if not RUN_ID_RE.match(ns.run_id) or ns.run_id in (".", ".."):
+        raise BadAgentInput(f"invalid --run-id {ns.run_id!r}")
+    addr, _, port = ns.store.rpartition(":")
+    if not addr or not port.isdigit() or not 0 < int(port) < 65536:
+        raise BadAgentInput(f"--store must be ADDR:PORT, not {ns.store!r}")
+    for name in ("peer_timeout", "heartbeat_timeout", "stop_timeout", "max_runtime"):
+        value = getattr(ns, name)
+        if not math.isfinite(value) or value < 0 or (value == 0 and name != "max_runtime"):
+            raise BadAgentInput(f"--{name.replace('_', '-')} must be a finite number > 0")
+    return AgentConfig(
+        run_dir=ns.run_dir,
+        run_id=ns.run_id,
+        host=ns.host,
+        node_rank=ns.node_rank,
+        hosts=hosts,
+        store_host=addr.strip("[]"),
+        store_port=int(port),
+        command=command,
+        peer_timeout=ns.peer_timeout,
+        heartbeat_timeout=ns.heartbeat_timeout,
+        stop_timeout=ns.stop_timeout,
+        max_runtime=ns.max_runtime,
+        attempt=ns.attempt,
+        log_tail_lines=max(ns.log_tail_lines, 0),
+    )

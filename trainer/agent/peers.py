@@ -1,0 +1,154 @@
+"""The other hosts' agents, over the run's c10d TCPStore (served by node rank 0's agent).
+
+Keys: ``alive/<n>`` keepalive counter, ``ranks/<n>`` the host's rank views, ``failure`` the
+first failure claimed (compare-and-set), ``stop`` a requested stop, ``exit/<n>`` how a host's
+command ended. Ages are measured by each host on its own clock, so clocks need not agree.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+
+from torch.distributed import TCPStore
+
+from trainer.agent.cli import AgentConfig
+
+
+class StoreLost(RuntimeError):
+    """The connection to the run's store failed: its host counts as failed."""
+
+
+class Peers:
+    def __init__(self, cfg: AgentConfig):
+        self.cfg = cfg
+        self.n = len(cfg.hosts)
+        self.store: TCPStore | None = None
+        self.seen: dict[int, tuple[int, float]] = {}  # node -> (keepalive count, local time)
+        self.views: dict[int, dict] = {}
+        self.exits: dict[int, dict] = {}
+        self.started = time.time()
+
+    def connect(self) -> None:
+        timeout = datetime.timedelta(seconds=self.cfg.peer_timeout)
+        try:
+            self.store = TCPStore(
+                self.cfg.store_host,
+                self.cfg.store_port,
+                None,
+                self.cfg.is_server,
+                timeout,
+                wait_for_workers=False,
+            )
+        except (RuntimeError, OSError) as exc:  # DistNetworkError/DistStoreError are RuntimeErrors
+            raise StoreLost(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+
+    def _call(self, fn, *args):
+        if self.store is None:
+            raise StoreLost("not connected")
+        try:
+            return fn(*args)
+        except (RuntimeError, OSError) as exc:
+            raise StoreLost(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+
+    def _get(self, key: str) -> dict | None:
+        assert self.store is not None
+        if not self._call(self.store.check, [key]):
+            return None
+        raw = self._call(self.store.get, key)
+        try:
+            value = json.loads(raw) if raw else None
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    def exchange(self, record: dict) -> tuple[dict | None, dict | None]:
+        """Publish this host's record and keepalive; read every host's. Returns (failure, stop)."""
+        assert self.store is not None
+        me = self.cfg.node_rank
+        self._call(self.store.set, f"ranks/{me}", json.dumps(record))
+        self._call(self.store.add, f"alive/{me}", 1)
+        now = time.time()
+        for node in range(self.n):
+            count = self._call(self.store.add, f"alive/{node}", 0)
+            if count and (node not in self.seen or self.seen[node][0] != count):
+                self.seen[node] = (count, now)
+            view = self._get(f"ranks/{node}")
+            if view is not None:
+                self.views[node] = view
+            if node not in self.exits:
+                done = self._get(f"exit/{node}")
+                if done is not None:
+                    self.exits[node] = done
+        return self._get("failure"), self._get("stop")
+
+    def silent(self, now: float, after: float) -> list[int]:
+        """Other hosts without a keepalive for `after` seconds (since start when never seen),
+        leaving out those that reported their exit."""
+        out = []
+        for node in range(self.n):
+            if node == self.cfg.node_rank or node in self.exits:
+                continue
+            last = self.seen.get(node, (0, self.started))[1]
+            if now - last > after:
+                out.append(node)
+        return out
+
+    def claim(self, failure: dict) -> dict:
+        """Put failure into the store unless one is there; returns the one that counts."""
+        assert self.store is not None
+        mine = json.dumps(failure, sort_keys=True)
+        won = self._call(self.store.compare_set, "failure", "", mine)
+        try:
+            return json.loads(won)
+        except ValueError:
+            return failure
+
+    def request_stop(self, by: str) -> None:
+        assert self.store is not None
+        stop = json.dumps({"by": by, "time": time.time()})
+        self._call(self.store.compare_set, "stop", "", stop)
+
+    def report_exit(self, record: dict) -> None:
+        assert self.store is not None
+        self._call(self.store.set, f"exit/{self.cfg.node_rank}", json.dumps(record))
+
+    def all_exited(self) -> bool:
+        return all(node in self.exits or node == self.cfg.node_rank for node in range(self.n))
+
+
+def hang_cause(views: dict[int, dict], hosts: list[str], timeout: float) -> dict | None:
+    """The root cause of a hang, or None: when some rank in phase train/validate has not
+    progressed for `timeout` s, the rank whose step stopped first (a frozen rank before
+    live ones, then lowest step, then the longest without progress) is named."""
+    ranks = []
+    for node, view in views.items():
+        for r in view.get("ranks") or []:
+            ranks.append((node, r))
+    stuck = [
+        (node, r)
+        for node, r in ranks
+        if r.get("phase") in ("train", "validate") and (r.get("progress_age") or 0) > timeout
+    ]
+    if not stuck:
+        return None
+    from trainer.agent.ranks import FROZEN_AFTER  # noqa: PLC0415 - avoid a cycle at import
+
+    def key(item: tuple[int, dict]) -> tuple[int, int, float]:
+        r = item[1]
+        frozen = (r.get("live_age") or 0) > FROZEN_AFTER
+        return (0 if frozen else 1, int(r.get("step") or 0), -float(r.get("progress_age") or 0))
+
+    node, r = sorted(ranks, key=key)[0]
+    frozen = (r.get("live_age") or 0) > FROZEN_AFTER
+    what = "frozen (no heartbeat" if frozen else "hung (no progress"
+    age = r.get("live_age") if frozen else r.get("progress_age")
+    return {
+        "host": hosts[node],
+        "node_rank": node,
+        "rank": r["rank"],
+        "exit_code": None,
+        "reason": f"rank {r['rank']} {what} for {float(age or 0):.0f}s at step {r.get('step')}, "
+        f"phase {r.get('phase')})",
+    }

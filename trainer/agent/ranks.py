@@ -1,0 +1,177 @@
+"""This host's ranks: the supervised command, its output, its heartbeats, its processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+FROZEN_AFTER = 5.0  # a heartbeat thread silent this long means the process is not running
+_ROOT_CAUSE_RE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(-?\d+)\s*\(local_rank:\s*(-?\d+)\)"
+    r"\s*exitcode\s*:\s*(-?\d+)",
+    re.S,
+)
+
+
+def parse_root_cause(text: str) -> tuple[int, int] | None:
+    """(global rank, exit code) from torchrun's last "Root Cause" block, if any."""
+    found = list(_ROOT_CAUSE_RE.finditer(text))
+    if not found:
+        return None
+    return int(found[-1].group(1)), int(found[-1].group(3))
+
+
+def describe_exit(code: int) -> str:
+    """One phrase for a process exit code (negative: killed by that signal)."""
+    if code < 0 or code > 128:
+        num = -code if code < 0 else code - 128
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(num).name} (exit code {code})"
+    return f"exited with code {code}"
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of pid (from /proc; empty when it has none or is gone)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    stat = Path(f"/proc/{name}/stat").read_text()
+                    if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(name))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid, parents before children."""
+    out, todo = [], [pid]
+    while todo:
+        for child in children(todo.pop()):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def read_heartbeats(directory: Path) -> dict[int, dict]:
+    """rank -> heartbeat record, for every readable rank-N.json in directory."""
+    beats: dict[int, dict] = {}
+    with contextlib.suppress(OSError):
+        for path in directory.glob("rank-*.json"):
+            with contextlib.suppress(OSError, ValueError):
+                rec = json.loads(path.read_text())
+                if isinstance(rec, dict) and isinstance(rec.get("rank"), int):
+                    beats[rec["rank"]] = rec
+    return beats
+
+
+def rank_views(beats: dict[int, dict], now: float) -> list[dict]:
+    """What the store carries per rank: step, phase and ages measured on this host's clock."""
+    views = []
+    for rank, rec in sorted(beats.items()):
+        live = rec.get("time")
+        prog = rec.get("progress_time", live)
+        views.append(
+            {
+                "rank": rank,
+                "step": int(rec.get("step") or 0),
+                "total_steps": int(rec.get("total_steps") or 0),
+                "epoch": rec.get("epoch"),
+                "phase": str(rec.get("phase") or "start"),
+                "live_age": round(now - live, 2) if isinstance(live, (int, float)) else None,
+                "progress_age": round(now - prog, 2) if isinstance(prog, (int, float)) else None,
+                "loss": rec.get("loss"),
+                "images_per_sec": rec.get("images_per_sec"),
+            }
+        )
+    return views
+
+
+class LocalRanks:
+    """Runs the command in its own session and reports on it; never blocks the caller."""
+
+    def __init__(self, command: list[str], heartbeat_dir: Path, sink: Callable[[str], None]):
+        self.command = command
+        self.heartbeat_dir = heartbeat_dir
+        self.sink = sink
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+        self.tail: list[str] = []
+        self._pump: threading.Thread | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        self.heartbeat_dir.mkdir(parents=True, exist_ok=True)
+        env = {**env, "DDPFLEET_HEARTBEAT_DIR": str(self.heartbeat_dir)}
+        self.started = time.time()
+        self.proc = subprocess.Popen(
+            self.command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+        self._pump = threading.Thread(target=self._copy_output, daemon=True)
+        self._pump.start()
+
+    def _copy_output(self) -> None:
+        assert self.proc is not None
+        assert self.proc.stdout is not None
+        for raw in iter(self.proc.stdout.readline, b""):
+            line = raw.decode("utf-8", "replace")
+            self.tail = ([*self.tail, line.rstrip("\n")])[-400:]
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            self.sink(line)
+
+    def poll(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def wait_output(self, timeout: float = 5.0) -> None:
+        """Let the pump drain what the command printed last (its root-cause block)."""
+        if self._pump is not None:
+            self._pump.join(timeout)
+
+    def heartbeats(self) -> dict[int, dict]:
+        return read_heartbeats(self.heartbeat_dir)
+
+    def rank_pids(self) -> list[int]:
+        """The rank processes: the command's direct children (torchrun's workers)."""
+        return [] if self.proc is None else children(self.proc.pid)
+
+    def signal_ranks(self, signum: int) -> list[int]:
+        """Signal each rank process (not their groups: loader workers are the rank's business)."""
+        pids = self.rank_pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+        return pids
+
+    def kill_all(self) -> None:
+        """SIGKILL the command and everything below it (frozen processes too), then reap it."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+
+    def failed_rank(self, code: int) -> tuple[int | None, int, str]:
+        """(rank, exit code, reason) of a non-zero exit, from torchrun's root-cause block."""
+        cause = parse_root_cause("\n".join(self.tail))
+        if cause is not None:
+            return cause[0], cause[1], f"rank {cause[0]} {describe_exit(cause[1])}"
+        beats = self.heartbeats()
+        if len(beats) == 1:  # one rank on this host: it is the one
+            return next(iter(beats)), code, f"rank {next(iter(beats))} {describe_exit(code)}"
+        return None, code, f"launcher {describe_exit(code)}"

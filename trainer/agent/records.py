@@ -1,0 +1,167 @@
+"""What the agent writes in the run directory, off the supervision loop's thread.
+
+Shared storage can stall (a hard NFS mount blocks): every write goes through one writer
+thread, so supervision never waits on it; ``flush`` waits a bounded time at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import threading
+import time
+from pathlib import Path
+
+
+def write_json_atomic(path: Path, obj: object) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object file; {} when missing, unreadable or not an object. Never follows links."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return {}
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as fh, contextlib.suppress(ValueError):
+        data = json.load(fh)
+        return data if isinstance(data, dict) else {}
+    return {}
+
+
+def tail_lines(path: Path, count: int) -> list[str]:
+    """The last `count` non-empty lines of a text file (no link followed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        fh.seek(max(fh.tell() - 65536, 0))
+        text = fh.read().decode("utf-8", "replace")
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    return lines[-count:] if count > 0 else []
+
+
+def cause_line(run_id: str, failure: dict) -> str:
+    """The one line a failed run is known by."""
+    where = f"host {failure.get('host')} rank {failure.get('rank')}"
+    return f"run {run_id} failed: {where}: {failure.get('reason')}"
+
+
+class Records:
+    """nodes/<host>.log|.exit, summary.json and progress.json of one run directory."""
+
+    def __init__(self, run_dir: str, host: str):
+        self.run_dir = Path(run_dir)
+        self.host = host
+        self.nodes = self.run_dir / "nodes"
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._work, daemon=True)
+        self._thread.start()
+        self._log = None
+        self.pending_progress = False
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                job()
+            except OSError as exc:  # shared storage trouble must not end supervision
+                with contextlib.suppress(OSError):
+                    os.write(2, f"ddpfleet agent: write failed: {exc}\n".encode())
+            finally:
+                self._queue.task_done()
+
+    def submit(self, job) -> None:
+        self._queue.put(job)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait up to timeout s for every queued write; False when storage did not answer."""
+        done = threading.Event()
+        self._queue.put(done.set)
+        return done.wait(timeout)
+
+    def log(self, line: str) -> None:
+        """Append to nodes/<host>.log (queued)."""
+        self.submit(lambda: self._append(line))
+
+    def _append(self, line: str) -> None:
+        if self._log is None:
+            self.nodes.mkdir(parents=True, exist_ok=True)
+            fd = os.open(
+                self.nodes / f"{self.host}.log",
+                os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                0o644,
+            )
+            self._log = os.fdopen(fd, "a", encoding="utf-8")
+        self._log.write(line if line.endswith("\n") else line + "\n")
+        self._log.flush()
+
+    def write_exit(self, record: dict) -> None:
+        self.submit(lambda: write_json_atomic(self.nodes / f"{self.host}.exit", record))
+
+    def write_progress(self, progress: dict) -> None:
+        """Queue a progress.json rewrite unless the last one is still waiting for storage."""
+        if self.pending_progress:
+            return
+        self.pending_progress = True
+
+        def job() -> None:
+            try:
+                write_json_atomic(self.run_dir / "progress.json", progress)
+            finally:
+                self.pending_progress = False
+
+        self.submit(job)
+
+    def summary(self) -> dict:
+        return read_json(self.run_dir / "summary.json")
+
+    def write_failure(self, run_id: str, attempt: str, failure: dict, tail_count: int) -> None:
+        """Mark summary.json failed with the root cause (keeping what the trainer wrote)."""
+
+        def job() -> None:
+            path = self.run_dir / "summary.json"
+            summary = read_json(path)
+            failure_rec = dict(failure)
+            rank = failure.get("rank")
+            tail = (
+                tail_lines(self.run_dir / "logs" / f"rank-{rank}.log", tail_count)
+                if rank is not None
+                else []
+            )
+            if not tail:
+                tail = tail_lines(self.nodes / f"{failure.get('host')}.log", tail_count)
+            failure_rec["log_tail"] = tail
+            summary.update(
+                status="failed",
+                failure=failure_rec,
+                cause=cause_line(run_id, failure),
+                attempt=attempt,
+            )
+            write_json_atomic(path, summary)
+
+        self.submit(job)
+
+    def write_stopped(self, attempt: str) -> None:
+        """Mark summary.json stopped when the trainer could not (it was killed at escalation)."""
+
+        def job() -> None:
+            path = self.run_dir / "summary.json"
+            summary = read_json(path)
+            if (
+                summary.get("status") in ("stopped", "completed")
+                and summary.get("attempt", attempt) == attempt
+            ):
+                return
+            summary.update(
+                status="stopped", stopped_by="agent", stopped_at=time.time(), attempt=attempt
+            )
+            write_json_atomic(path, summary)
+
+        self.submit(job)

@@ -1,0 +1,333 @@
+"""The agent's supervision loop: start the command, watch it and the peers, end the run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+from types import FrameType
+
+from trainer.agent.cli import AgentConfig
+from trainer.agent.peers import Peers, StoreLost, hang_cause
+from trainer.agent.ranks import LocalRanks, rank_views
+from trainer.agent.records import Records, cause_line
+
+EXIT_STOPPED = 143
+PROGRESS_EVERY = 2.0
+
+
+def _stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig, child_env: dict[str, str] | None = None):
+        self.cfg = cfg
+        self.child_env = dict(os.environ) if child_env is None else child_env
+        self.records = Records(cfg.run_dir, cfg.host)
+        hb_dir = Path(tempfile.mkdtemp(prefix="ddpfleet-heartbeat-"))
+        self.ranks = LocalRanks(cfg.command, hb_dir, self.records.log)
+        self.peers = Peers(cfg)
+        self.signum = 0
+        self.stopping_since = 0.0
+        self.escalated = False
+        self.failure: dict | None = None
+        self.store_ok = True
+        self.last_progress = 0.0
+        self.first_train: tuple[float, int] | None = None
+
+    # --- small helpers ----------------------------------------------------------------------
+    def say(self, text: str) -> None:
+        line = f"ddpfleet agent: {_stamp()} {self.cfg.host}: {text}"
+        print(line, flush=True)
+        self.records.log(line)
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self.signum = self.signum or signum
+
+    def _failure(self, node: int, rank: int | None, code: int | None, reason: str) -> dict:
+        if rank is None:  # a whole host: name its first rank (the only one with one per host)
+            ranks = [r["rank"] for r in self.peers.views.get(node, {}).get("ranks") or []]
+            rank = min(ranks) if ranks else None
+        return {
+            "host": self.cfg.hosts[node],
+            "node_rank": node,
+            "rank": rank,
+            "exit_code": code,
+            "reason": reason,
+            "time": time.time(),
+            "claimed_by": self.cfg.host,
+        }
+
+    def _claim(self, failure: dict) -> dict:
+        try:
+            return self.peers.claim(failure)
+        except StoreLost:
+            self.store_ok = False
+            return failure
+
+    def _record(self, state: str) -> dict:
+        return {"state": state, "ranks": rank_views(self.ranks.heartbeats(), time.time())}
+
+    # --- the loop -----------------------------------------------------------------------
+    def run(self) -> int:
+        cfg = self.cfg
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        self.say(
+            f"node_rank {cfg.node_rank} of {len(cfg.hosts)}, attempt {cfg.attempt}: "
+            + " ".join(cfg.command)
+        )
+        try:
+            self.peers.connect()
+        except StoreLost as exc:
+            self.failure = self._failure(
+                0,
+                None,
+                None,
+                f"cannot reach the run's store at {cfg.store_host}:{cfg.store_port} ({exc})",
+            )
+            self.store_ok = False
+            return self._finish("failed", 1)
+        self.ranks.start(self.child_env)
+        outcome, code = self._supervise()
+        return self._finish(outcome, code)
+
+    def _supervise(self) -> tuple[str, int]:
+        cfg = self.cfg
+        while True:
+            now = time.time()
+            code = self.ranks.poll()
+            try:
+                failure, stop = self.peers.exchange(
+                    self._record("exited" if code is not None else "running")
+                )
+            except StoreLost as exc:
+                self.store_ok = False
+                if code == 0:
+                    return "completed", 0
+                self.ranks.kill_all()
+                self.failure = self._failure(
+                    0,
+                    None,
+                    None,
+                    f"lost the connection to the run's store on {cfg.hosts[0]} ({exc})",
+                )
+                return "failed", 1
+            if failure is not None:
+                self.failure = failure
+                self.ranks.kill_all()
+                return ("completed", 0) if code == 0 else ("failed", code if code else 1)
+            if (self.signum or stop) and not self.stopping_since:
+                self._begin_stop(stop)
+            if code is not None:
+                return self._ended(code)
+            self._progress(now)
+            problem = self._check(now)
+            if problem is not None:
+                self.failure = self._claim(problem)
+                self.ranks.kill_all()
+                return "failed", self.ranks.poll() or 1
+            if (
+                self.stopping_since
+                and now - self.stopping_since > cfg.stop_timeout
+                and not self.escalated
+            ):
+                self.say(f"ranks still running {cfg.stop_timeout:.0f}s after the stop: SIGKILL")
+                self.escalated = True
+                self.ranks.kill_all()
+            time.sleep(cfg.tick)
+
+    def _begin_stop(self, stop: dict | None) -> None:
+        self.stopping_since = time.time()
+        if self.signum and stop is None:
+            try:
+                self.peers.request_stop(self.cfg.host)
+            except StoreLost:
+                self.store_ok = False
+        by = (stop or {}).get("by", self.cfg.host)
+        pids = self.ranks.signal_ranks(signal.SIGTERM)
+        self.say(f"stop requested by {by}: SIGTERM to ranks {pids}")
+
+    def _ended(self, code: int) -> tuple[str, int]:
+        """The command exited by itself: completed, stopped, or a failure to name."""
+        if code == 0:
+            return "completed", 0
+        if self.stopping_since:
+            return "stopped", EXIT_STOPPED
+        self.ranks.wait_output()
+        rank, rcode, reason = self.ranks.failed_rank(code)
+        # A dead host's ranks make the others fail too: watch the keepalives for a moment and
+        # name a host that went silent rather than this one.
+        deadline = time.time() + self.cfg.settle
+        while time.time() < deadline:
+            try:
+                failure, _ = self.peers.exchange(self._record("exited"))
+            except StoreLost:
+                self.store_ok = False
+                break
+            if failure is not None:
+                self.failure = failure
+                return "failed", code
+            time.sleep(self.cfg.tick / 2)
+        silent = self.peers.silent(time.time(), self.cfg.settle * 0.75) if self.store_ok else []
+        if silent:
+            node = silent[0]
+            mine = self._failure(
+                node,
+                None,
+                None,
+                "host stopped responding (its agent's keepalive ended: container or host gone)",
+            )
+        else:
+            mine = self._failure(self.cfg.node_rank, rank, rcode, reason)
+        self.failure = self._claim(mine)
+        return "failed", code
+
+    def _check(self, now: float) -> dict | None:
+        """A failure this agent sees while its command runs, or None."""
+        cfg = self.cfg
+        beats = rank_views(self.ranks.heartbeats(), now)
+        for r in beats:
+            if r["live_age"] is not None and r["live_age"] > cfg.heartbeat_timeout:
+                return self._failure(
+                    cfg.node_rank,
+                    r["rank"],
+                    None,
+                    f"rank {r['rank']} frozen (no heartbeat for {r['live_age']:.0f}s "
+                    f"at step {r['step']}, phase {r['phase']})",
+                )
+        hang = hang_cause(self.peers.views, cfg.hosts, cfg.heartbeat_timeout)
+        if hang is not None:
+            hang.update(time=now, claimed_by=cfg.host)
+            return hang
+        silent = self.peers.silent(now, cfg.peer_timeout)
+        if silent:
+            others = len(cfg.hosts) - 1
+            if others >= 2 and len(silent) == others:
+                return self._failure(
+                    cfg.node_rank,
+                    None,
+                    None,
+                    "lost contact with every other host (this host is cut off)",
+                )
+            return self._failure(
+                silent[0],
+                None,
+                None,
+                f"no keepalive from its agent for {cfg.peer_timeout:.0f}s "
+                "(host unreachable or gone)",
+            )
+        if cfg.max_runtime and now - self.ranks.started > cfg.max_runtime:
+            return self._failure(
+                cfg.node_rank, None, None, f"still running after max_runtime {cfg.max_runtime:.0f}s"
+            )
+        return None
+
+    def _progress(self, now: float) -> None:
+        """Node rank 0 keeps progress.json current (every PROGRESS_EVERY s)."""
+        if not self.cfg.is_server or now - self.last_progress < PROGRESS_EVERY:
+            return
+        self.last_progress = now
+        self.records.write_progress(self._progress_record(now, "running"))
+
+    def _progress_record(self, now: float, state: str) -> dict:
+        cfg = self.cfg
+        views = self.peers.views
+        lead = (views.get(0, {}).get("ranks") or [{}])[0]
+        step, total = int(lead.get("step") or 0), int(lead.get("total_steps") or 0)
+        eta = None
+        if lead.get("phase") in ("train", "validate"):
+            if self.first_train is None:
+                self.first_train = (now, step)
+            t0, s0 = self.first_train
+            if step > s0 and total:
+                eta = round((total - step) * (now - t0) / (step - s0), 1)
+        hosts = {}
+        for node, name in enumerate(cfg.hosts):
+            if node in self.peers.exits or views.get(node, {}).get("state") == "exited":
+                hosts[name] = "exited"
+            elif node not in self.peers.seen:
+                hosts[name] = "starting"
+            elif now - self.peers.seen[node][1] > max(3 * cfg.tick, 5.0):
+                hosts[name] = "silent"
+            else:
+                hosts[name] = "running"
+        return {
+            "run_id": cfg.run_id, "attempt": cfg.attempt, "state": state, "time": now,
+            "step": step, "total_steps": total, "epoch": lead.get("epoch"),
+            "phase": lead.get("phase"), "loss": lead.get("loss"),
+            "images_per_sec": lead.get("images_per_sec"), "eta_sec": eta, "hosts": hosts,
+        }  # fmt: skip
+
+    # --- the end ------------------------------------------------------------------------
+    def _finish(self, outcome: str, code: int) -> int:
+        cfg = self.cfg
+        self.ranks.kill_all()
+        self.ranks.wait_output()
+        if outcome == "failed" and self.failure:
+            self.say(cause_line(cfg.run_id, self.failure))
+        else:
+            self.say(f"{outcome} (exit code {code})")
+        exit_rec = {"host": cfg.host, "node_rank": cfg.node_rank, "attempt": cfg.attempt,
+                    "exit_code": code, "outcome": outcome, "time": time.time()}  # fmt: skip
+        if self.failure:
+            exit_rec["failure"] = self.failure
+        if self.store_ok:
+            try:
+                self.peers.report_exit(exit_rec)
+            except StoreLost:
+                self.store_ok = False
+        self.records.write_exit(exit_rec)
+        self._write_summary(outcome)
+        if cfg.is_server and self.store_ok:
+            self._wait_for_peers()
+        if cfg.is_server:
+            self.records.write_progress(self._progress_record(time.time(), "ended"))
+        if not self.records.flush(30.0):
+            print(
+                "ddpfleet agent: shared storage did not take the last records within 30 s",
+                flush=True,
+            )
+        return code if outcome != "stopped" else EXIT_STOPPED
+
+    def _write_summary(self, outcome: str) -> None:
+        cfg = self.cfg
+        if outcome == "failed" and self.failure:
+            if cfg.is_server:
+                self.records.write_failure(
+                    cfg.run_id, cfg.attempt, self.failure, cfg.log_tail_lines
+                )
+            elif not self.store_ok:
+                # The store's host is gone or this host is cut off: write the cause only if
+                # node rank 0 did not (it may still be there and have seen better).
+                time.sleep(cfg.settle * 2)
+                self.records.flush(10.0)
+                if (
+                    self.records.summary().get("attempt") != cfg.attempt
+                    or "failure" not in self.records.summary()
+                ):
+                    self.records.write_failure(
+                        cfg.run_id, cfg.attempt, self.failure, cfg.log_tail_lines
+                    )
+        elif outcome == "stopped" and cfg.is_server and self.escalated:
+            self.records.write_stopped(cfg.attempt)
+
+    def _wait_for_peers(self) -> None:
+        """Serve the store until every other agent reported its exit, up to peer_timeout. Hosts
+        already silent (or named as gone by the failure) are not waited for."""
+        gone = set(self.peers.silent(time.time(), self.cfg.settle))
+        if self.failure and self.failure.get("exit_code") is None:
+            gone.add(int(self.failure.get("node_rank", -1)))
+        deadline = time.time() + self.cfg.peer_timeout
+        while time.time() < deadline:
+            try:
+                self.peers.exchange(self._record("exited"))
+            except StoreLost:
+                return
+            waiting = [n for n in range(len(self.cfg.hosts)) if n != self.cfg.node_rank]
+            if all(n in self.peers.exits or n in gone for n in waiting):
+                return
+            time.sleep(self.cfg.tick)
