@@ -95,7 +95,11 @@ def find_latest(directory: Path) -> tuple[Path, dict[str, object]] | None:
 
 
 def save_run(run: Run, batch_in_epoch: int) -> None:
-    """Collective: gather every rank's RNG state, rank 0 writes, all wait for it."""
+    """Collective: gather every rank's RNG state, rank 0 writes, all wait for it.
+
+    The heartbeat's phase is "checkpoint" meanwhile (a save can take a while), then "train".
+    """
+    run.heartbeat.progress(phase="checkpoint")
     rng = dist_utils.gather_objects(run.env, dist_utils.rng_state())
     if run.env.is_main:
         path = save_checkpoint(
@@ -116,6 +120,7 @@ def save_run(run: Run, batch_in_epoch: int) -> None:
         )
         LOG.info("checkpoint %s", path)
     dist_utils.barrier(run.env)
+    run.heartbeat.progress(phase="train")
 
 
 def restore_run(run: Run, state: dict) -> int:

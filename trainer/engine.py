@@ -42,13 +42,18 @@ class Run:
     last_loss: float | None = None
 
 
-def _log_interval(run: Run, loss_sum: torch.Tensor, count: int) -> None:
-    """All-reduce the interval's loss and throughput; rank 0 writes a metrics row."""
+def _log_interval(run: Run, loss_sum: torch.Tensor, count: int) -> bool:
+    """All-reduce the interval's loss, throughput and stop signals; rank 0 writes a row.
+
+    Returns whether the ranks agreed to stop: the stop signal rides on this all-reduce, the
+    loop's only collective besides DDP's, so a stop costs nothing between log intervals.
+    """
     rate = run.meter.interval()
-    total_loss, total_count, total_rate = dist_utils.all_reduce_sum(
-        run.env, [float(loss_sum.item()), float(count), rate]
+    total_loss, total_count, total_rate, signalled = dist_utils.all_reduce_sum(
+        run.env, [float(loss_sum.item()), float(count), rate, float(run.stop.signum)]
     )
     run.last_loss = total_loss / max(total_count, 1.0)
+    run.heartbeat.interval(run.last_loss, total_rate)
     lr = run.optimizer.param_groups[0]["lr"]
     row = {
         "step": run.step,
@@ -68,12 +73,12 @@ def _log_interval(run: Run, loss_sum: torch.Tensor, count: int) -> None:
             lr,
             total_rate,
         )
+    return run.stop.settle(signalled)
 
 
 def stop_agreed(run: Run) -> bool:
     """Collective: True on every rank when any rank got a stop signal."""
-    run.stop.agreed = dist_utils.agree_max(run.env, run.stop.signum)
-    return bool(run.stop.agreed)
+    return run.stop.settle(dist_utils.agree_max(run.env, run.stop.signum))
 
 
 def train_one_epoch(
@@ -81,14 +86,16 @@ def train_one_epoch(
 ) -> tuple[bool, int]:
     """Train until the epoch, the step budget or a stop signal ends it.
 
-    Returns (stopped, batches done). Every rank agrees on stopping after each step
-    (a CPU all-reduce of the signal number), so all ranks leave at the same step.
+    Returns (stopped, batches done). The ranks agree on stopping at each log interval (and
+    the epoch's last step), in the interval's all-reduce, so all leave at the same step.
     """
-    cfg, env = run.cfg, run.env
+    cfg, env, beat = run.cfg, run.env, run.heartbeat
     run.model.train()
+    beat.progress(phase="train", epoch=run.epoch)
     loss_sum = torch.zeros((), device=env.device)
     count = batches = 0
     for images, labels in loader:
+        beat.progress()
         x = to_device(images, env.device, cfg.channels_last, run.norm)
         y = labels.to(env.device, non_blocking=True)
         with autocast(env.device, run.amp_dtype):
@@ -106,39 +113,46 @@ def train_one_epoch(
         if done and env.device.type == "cuda":
             torch.cuda.synchronize(env.device)  # the last step's time includes its GPU work
         run.meter.step(len(labels))
-        run.heartbeat.beat(run.step)
+        beat.progress(step=run.step)
         if run.step % cfg.log_every == 0 or done:
-            _log_interval(run, loss_sum, count)
+            stopped = _log_interval(run, loss_sum, count)
             loss_sum.zero_()
             count = 0
-        if stop_agreed(run):
-            if count:  # so that the summary's final_loss covers the last steps
-                _log_interval(run, loss_sum, count)
-            return True, batches
+            if stopped:
+                return True, batches
         if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0 and not done:
             on_checkpoint(batches)
         if done:
             break
-    if count:
-        _log_interval(run, loss_sum, count)
-    return False, batches
+    stopped = bool(count) and _log_interval(run, loss_sum, count)  # the epoch's last step
+    return stopped, batches
 
 
 @torch.no_grad()
-def evaluate(run: Run, loader: DataLoader) -> float:
-    """Top-1 accuracy over the whole split, summed over ranks (padded samples included)."""
+def evaluate(run: Run, loader: DataLoader) -> float | None:
+    """Top-1 accuracy over the whole split, summed over ranks (padded samples included).
+
+    Every ``log_every`` batches the ranks agree on stopping (each rank has as many batches:
+    the sampler pads); a stop abandons validation and returns None, so that the stop
+    checkpoint is written before the grace period runs out.
+    """
     model = run.raw_model
+    run.heartbeat.progress(phase="validate")
     dist_utils.sync_buffers(run.env, model)
     model.eval()
     correct = torch.zeros((), dtype=torch.int64, device=run.env.device)
     total = 0
-    for images, labels in loader:
+    for batch, (images, labels) in enumerate(loader, start=1):
         x = to_device(images, run.env.device, run.cfg.channels_last, run.norm)
         y = labels.to(run.env.device, non_blocking=True)
         with autocast(run.env.device, run.amp_dtype):
             logits = model(x)
         correct += (logits.argmax(dim=1) == y).sum()
         total += len(labels)
+        run.heartbeat.progress()
+        if batch % run.cfg.log_every == 0 and stop_agreed(run):
+            model.train()
+            return None
     c, t = dist_utils.all_reduce_sum(run.env, [float(correct.item()), float(total)])
     model.train()
     return c / max(t, 1.0)

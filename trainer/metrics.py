@@ -1,4 +1,4 @@
-"""Logging, heartbeat, metrics.jsonl, summary.json and throughput timing."""
+"""Logging, the heartbeat thread, metrics.jsonl, summary.json and throughput timing."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,17 +40,112 @@ def setup_logging(output_dir: Path, rank: int) -> None:
     LOG.propagate = False
 
 
+HEARTBEAT_DIR_ENV = "DDPFLEET_HEARTBEAT_DIR"
+HEARTBEAT_INTERVAL_ENV = "DDPFLEET_HEARTBEAT_INTERVAL"
+
+
+def heartbeat_dir(output_dir: Path | None) -> Path | None:
+    """$DDPFLEET_HEARTBEAT_DIR (the agent's, inside the container), else <output_dir>/heartbeat."""
+    chosen = os.environ.get(HEARTBEAT_DIR_ENV)
+    if chosen:
+        return Path(chosen)
+    return None if output_dir is None else output_dir / "heartbeat"
+
+
+def _period_from_env() -> float:
+    """$DDPFLEET_HEARTBEAT_INTERVAL in seconds; 1 when unset or not a positive number."""
+    try:
+        period = float(os.environ.get(HEARTBEAT_INTERVAL_ENV) or 1.0)
+    except ValueError:
+        return 1.0
+    return period if period > 0 else 1.0
+
+
 class Heartbeat:
-    """heartbeat/rank-<rank>.json = {rank, step, time, pid, host}, replaced atomically."""
+    """``rank-<rank>.json``, rewritten atomically by a daemon thread every ``period`` seconds
+    ($DDPFLEET_HEARTBEAT_INTERVAL, default 1), once at ``start`` and once at ``stop``.
 
-    def __init__(self, output_dir: Path, rank: int, host: str):
-        self.path = output_dir / "heartbeat" / f"rank-{rank}.json"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.rank, self.host, self.pid = rank, host, os.getpid()
+    The training loop only sets fields (``progress``, ``interval``, ``set_total``: no I/O).
+    ``time`` is the thread's last write: it goes stale only when the process stops running
+    (SIGSTOP, a dead host). ``progress_time`` is the last progress mark: it goes stale when
+    the rank waits (for a peer in a collective) while ``time`` stays fresh. ``phase`` is one
+    of start, scan (building the data sets), train, validate, checkpoint, done.
+    """
 
-    def beat(self, step: int) -> None:
-        record = {"rank": self.rank, "step": step, "time": time.time()}
-        write_json_atomic(self.path, {**record, "pid": self.pid, "host": self.host})
+    def __init__(self, rank: int, local_rank: int, host: str, period: float | None = None):
+        self.period = _period_from_env() if period is None else period
+        self.path: Path | None = None
+        now = time.time()
+        self._record: dict[str, object] = {
+            "rank": rank, "local_rank": local_rank, "pid": os.getpid(), "host": host,
+            "time": now, "step": 0, "total_steps": 0, "epoch": 0, "phase": "start",
+            "progress_time": now, "loss": None, "images_per_sec": None,
+        }  # fmt: skip
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._warned = False
+
+    def progress(
+        self, step: int | None = None, phase: str | None = None, epoch: int | None = None
+    ) -> None:
+        """Mark progress now: a batch fetched, a step done, a phase entered (no I/O)."""
+        with self._lock:
+            for key, value in (("step", step), ("phase", phase), ("epoch", epoch)):
+                if value is not None:
+                    self._record[key] = value
+            self._record["progress_time"] = time.time()
+
+    def interval(self, loss: float | None, images_per_sec: float | None) -> None:
+        """The last log interval's all-reduced loss and total images/s (no I/O)."""
+        with self._lock:
+            self._record["loss"] = loss
+            self._record["images_per_sec"] = images_per_sec
+
+    def set_total(self, total_steps: int) -> None:
+        with self._lock:
+            self._record["total_steps"] = total_steps
+
+    def snapshot(self) -> dict[str, object]:
+        """The record as the thread would write it now."""
+        with self._lock:
+            return {**self._record, "time": time.time()}
+
+    def start(self, output_dir: Path | None = None) -> None:
+        """Write the first record and start the thread, in ``heartbeat_dir(output_dir)``.
+
+        Does nothing when already started, or without a directory (no agent, no output dir).
+        """
+        directory = heartbeat_dir(output_dir)
+        if self._thread is not None or directory is None:
+            return
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"rank-{self._record['rank']}.json"
+        self._write()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread and write the final record, phase "done" (if it was started)."""
+        if self._thread is None:
+            return
+        self._stopping.set()
+        self._thread.join()
+        self.progress(phase="done")
+        self._write()
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self.period):
+            self._write()
+
+    def _write(self) -> None:
+        assert self.path is not None
+        try:
+            write_json_atomic(self.path, self.snapshot())
+        except OSError as exc:  # a full disk must not kill training; the agent will notice
+            if not self._warned:
+                LOG.warning("heartbeat %s not written: %s", self.path, exc)
+                self._warned = True
 
 
 class MetricsLog:

@@ -46,11 +46,15 @@ def _resume_state(cfg: TrainConfig) -> dict[str, object] | None:
         raise BadInputError(f"--resume {exc}") from None
 
 
-def _prepare(cfg: TrainConfig, env: dist_utils.DistEnv) -> tuple:
-    """Validate everything that can be wrong with the input; write nothing but a probe."""
+def _prepare(cfg: TrainConfig, env: dist_utils.DistEnv, heartbeat: Heartbeat) -> tuple:
+    """Validate everything that can be wrong with the input; write nothing but a probe
+    (and, once the output directory proved writable, the heartbeat: the scan can be long)."""
     check_output_dir(cfg.output_dir)
     state = _resume_state(cfg)
+    heartbeat.start(Path(cfg.output_dir))  # already started under the agent
+    heartbeat.progress(step=int(state["step"]) if state else 0, phase="scan")
     train_ds, val_ds, num_classes = build_datasets(cfg)
+    heartbeat.progress(phase="start")  # until training: the rendezvous waits for every rank
     cfg.num_classes = num_classes
     amp_dtype = resolve_amp(cfg.amp, env.device)
     model = build_model(cfg.arch, num_classes)
@@ -85,23 +89,30 @@ def _loop(
         start_batch += batches
         if not stopped and start_batch >= run.steps_per_epoch:
             if val_loader is not None:
-                accuracy = evaluate(run, val_loader)
-                LOG.info("epoch %d validation accuracy %.4f", run.epoch, accuracy)
-                # a signal during validation stops here, not after the next epoch's first step
-                stopped = run.step < run.total_steps and stop_agreed(run)
+                stopped, accuracy = _validate(run, val_loader, accuracy)
             run.epoch, start_batch = run.epoch + 1, 0
     if not stopped and val_loader is not None and start_batch:  # ended by --max-steps
-        accuracy = evaluate(run, val_loader)
-        LOG.info("final validation accuracy %.4f", accuracy)
+        stopped, accuracy = _validate(run, val_loader, accuracy)
     return stopped, accuracy, start_batch
 
 
-def _train(cfg: TrainConfig, env: dist_utils.DistEnv, prepared: tuple, stop: StopFlag) -> dict:
+def _validate(run: Run, loader: DataLoader, last: float | None) -> tuple[bool, float | None]:
+    """(stopped, accuracy): a stop abandons validation, and the last accuracy stands."""
+    accuracy = evaluate(run, loader)
+    if accuracy is None:
+        LOG.info("epoch %d validation abandoned: stopping", run.epoch)
+        return True, last
+    LOG.info("epoch %d validation accuracy %.4f", run.epoch, accuracy)
+    # a signal during the last batches stops here, not after the next epoch's first steps
+    return run.step < run.total_steps and stop_agreed(run), accuracy
+
+
+def _train(
+    cfg: TrainConfig, env: dist_utils.DistEnv, prepared: tuple, stop: StopFlag, heartbeat: Heartbeat
+) -> dict:
     state, train_ds, val_ds, amp_dtype, model = prepared
     out = Path(cfg.output_dir)
-    heartbeat = Heartbeat(out, env.rank, env.host)
     start_step = int(state["step"]) if state else 0
-    heartbeat.beat(start_step)
     dist_utils.init_distributed(env, cfg.dist_timeout)
     pin = env.device.type == "cuda"
     if pin:
@@ -114,6 +125,7 @@ def _train(cfg: TrainConfig, env: dist_utils.DistEnv, prepared: tuple, stop: Sto
     spe = len(train_loader)
     total = cfg.max_steps or cfg.epochs * spe
     epochs = math.ceil(total / spe)
+    heartbeat.set_total(total)
     model = model.to(env.device, memory_format=torch.channels_last if cfg.channels_last else None)
     wrapped = wrap_ddp(model, env.device, env.world_size)
     if cfg.compile:
@@ -140,6 +152,7 @@ def _train(cfg: TrainConfig, env: dist_utils.DistEnv, prepared: tuple, stop: Sto
         spe,
     )
     start_batch = ckpt.restore_run(run, state) if state else 0
+    heartbeat.progress(step=run.step, epoch=run.epoch)
     if env.is_main:
         run.metrics = MetricsLog(out / "metrics.jsonl", start_step if state else None)
     LOG.info("world %d, device %s, amp %s, %d steps", env.world_size, env.device, amp_dtype, total)
@@ -147,7 +160,6 @@ def _train(cfg: TrainConfig, env: dist_utils.DistEnv, prepared: tuple, stop: Sto
     ckpt.save_run(run, start_batch)
     if env.device.type == "cuda":
         torch.cuda.synchronize(env.device)
-    heartbeat.beat(run.step)
     rates = dist_utils.gather_objects(env, run.meter.overall())
     digests = dist_utils.gather_objects(env, dist_utils.param_digest(model))
     known = [r for r in rates if r is not None]
@@ -170,12 +182,21 @@ def _train(cfg: TrainConfig, env: dist_utils.DistEnv, prepared: tuple, stop: Sto
 
 def run(argv: list[str] | None, stop: StopFlag) -> int:
     """Run the trainer; returns the process exit code (see docs/design.md)."""
-    started = time.time()
     env = dist_utils.env_from_torchrun()
+    heartbeat = Heartbeat(env.rank, env.local_rank, env.host)
+    heartbeat.start()  # only under the agent (its own directory): watched from the first second
+    try:
+        return _run(argv, stop, env, heartbeat)
+    finally:
+        heartbeat.stop()  # the final record: phase "done"
+
+
+def _run(argv: list[str] | None, stop: StopFlag, env: dist_utils.DistEnv, hb: Heartbeat) -> int:
+    started = time.time()
     try:
         cfg = parse_config(argv)
         dist_utils.seed_everything(cfg.seed, env.rank)
-        prepared = _prepare(cfg, env)
+        prepared = _prepare(cfg, env, hb)
     except BadInputError as exc:
         if env.local_rank == 0:
             sys.stderr.write(f"trainer: error: {exc}\n")
@@ -183,7 +204,7 @@ def run(argv: list[str] | None, stop: StopFlag) -> int:
     setup_logging(Path(cfg.output_dir), env.rank)
     summary: dict[str, object] = {"world_size": env.world_size}
     try:
-        summary |= _train(cfg, env, prepared, stop)
+        summary |= _train(cfg, env, prepared, stop, hb)
         code = 128 + stop.agreed if summary["status"] == "stopped" else EXIT_OK
     except Exception as exc:  # any training failure: record it, exit 1
         LOG.error("training failed: %s\n%s", exc, traceback.format_exc())

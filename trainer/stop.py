@@ -14,9 +14,10 @@ from types import FrameType
 class StopFlag:
     """SIGTERM/SIGINT set ``signum``; a second signal exits at once (checkpoints are atomic).
 
-    ``agreed`` is the signal all ranks agreed to stop for (set by the training loop). A rank
-    on another host can stop on a peer's signal before its own arrives; that first signal
-    of its own, in the middle of the stop checkpoint, must not count as a second one.
+    ``agreed`` is the signal all ranks agreed to stop for (set by ``settle`` when the
+    training loop's collective says some rank was signalled). A rank on another host can stop
+    on a peer's signal before its own arrives; that first signal of its own, in the middle of
+    the stop checkpoint, must not count as a second one.
     """
 
     def __init__(self) -> None:
@@ -26,6 +27,16 @@ class StopFlag:
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._handle)
         signal.signal(signal.SIGINT, self._handle)
+
+    def settle(self, any_rank_signalled: float) -> bool:
+        """Record the ranks' collective answer (a sum or max of their ``signum``s).
+
+        Once agreed, stays agreed: ``agreed`` is this rank's own signal, or SIGTERM when
+        only a peer was signalled. Returns whether the ranks agreed to stop.
+        """
+        if any_rank_signalled and not self.agreed:
+            self.agreed = self.signum or signal.SIGTERM
+        return bool(self.agreed)
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if self.signum:

@@ -1,21 +1,10 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
-from trainer.metrics import Heartbeat, MetricsLog, Throughput
-
-
-def test_heartbeat_has_the_contract_fields(tmp_path: Path) -> None:
-    hb = Heartbeat(tmp_path, rank=3, host="node-a")
-    hb.beat(7)
-    data = json.loads((tmp_path / "heartbeat" / "rank-3.json").read_text())
-    assert set(data) == {"rank", "step", "time", "pid", "host"}
-    assert (data["rank"], data["step"], data["pid"], data["host"]) == (3, 7, os.getpid(), "node-a")
-    assert abs(data["time"] - time.time()) < 60
-    assert [p.name for p in (tmp_path / "heartbeat").iterdir()] == ["rank-3.json"]
+from trainer.metrics import MetricsLog, Throughput
 
 
 def test_resumed_metrics_drop_rows_after_the_checkpoint(tmp_path: Path) -> None:

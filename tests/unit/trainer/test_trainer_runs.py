@@ -140,8 +140,9 @@ def test_sigterm_to_torchrun_with_loader_workers_stops_cleanly(
 def test_hosts_signalled_one_after_another_stop_cleanly(tmp_path: Path) -> None:
     """stop.yml signals each host's torchrun in turn: a rank that already stopped on its peer's
     signal gets its own later, in the middle of the stop checkpoint. That must not count as
-    a second signal (which exits at once)."""
-    args = [*SYNTH, "--max-steps", "4000", "--log-every", "50", "--output-dir", str(tmp_path)]
+    a second signal (which exits at once). With --log-every 1 the ranks agree within a step
+    of the first signal, so the second host's signal lands during or after the stop."""
+    args = [*SYNTH, "--max-steps", "4000", "--log-every", "1", "--output-dir", str(tmp_path)]
     port = str(free_port())
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2"]
     torchrun += ["--nproc-per-node", "1", "--rdzv-backend", "static"]

@@ -19,11 +19,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def trainer_env() -> dict[str, str]:
+def trainer_env(**extra: str) -> dict[str, str]:
+    """A clean environment: no outer torchrun or agent; heartbeats every 0.2 s."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    return env
+    env.pop("DDPFLEET_HEARTBEAT_DIR", None)
+    return {**env, "DDPFLEET_HEARTBEAT_INTERVAL": "0.2", **extra}
 
 
 def trainer_cmd(args: list[str], nproc: int = 1) -> list[str]:
