@@ -1,18 +1,11 @@
-"""Unit tests of roles/trainer_run/filter_plugins: train_* options to trainer flags, checks,
-and status.yml's report."""
+"""Unit tests of roles/trainer_run/filter_plugins: train_* options to trainer flags, the
+option checks, peers and ulimits."""
 
 from __future__ import annotations
-
-import json
-import subprocess
-from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
 from plugin_loader import load_plugin
-
-ROOT = Path(__file__).resolve().parents[2]
-ROLE = ROOT / "roles" / "trainer_run"
 
 filters = load_plugin(
     "ddpfleet_run_filters", "roles/trainer_run/filter_plugins/ddpfleet_run_filters.py"
@@ -88,37 +81,39 @@ def test_trainer_accepts_every_flag_the_role_generates():
     assert ns.output_dir == "/tmp/x"
 
 
-def test_role_trainer_options_cover_every_trainer_flag():
-    """Every trainer option is reachable through a train_* variable."""
-    import yaml  # noqa: PLC0415
-
-    from trainer.config import get_args_parser  # noqa: PLC0415
-
-    role_vars = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
-    mapped = set(role_vars["_trainer_run_trainer_options"])
-    flags = {a.dest for a in get_args_parser()._actions if a.dest != "help"}
-    assert flags == mapped
-
-
-def test_unknown_options_lists_only_undocumented_names():
-    known = ["train_batch_size", "train_epochs"]
-    got = filters.unknown_options(["train_epochs", "train_bach_size", "train_x"], known)
-    assert got == ["train_bach_size", "train_x"]
-
-
 @pytest.mark.parametrize(
-    ("value", "ok"), [(1, True), ("8", True), (0, False), ("abc", False), (None, False)]
+    ("name", "value", "problem"),
+    [
+        ("train_batch_size", 8, None),
+        ("train_batch_size", "8", None),
+        ("train_batch_size", 0, "train_batch_size must be a whole number >= 1 (got 0)"),
+        ("train_batch_size", "abc", "train_batch_size must be a whole number >= 1 (got 'abc')"),
+        ("train_batch_size", 1.5, "train_batch_size must be a whole number >= 1 (got 1.5)"),
+        ("train_batch_size", True, "train_batch_size must be a whole number >= 1 (got True)"),
+        ("train_seed", -3, None),
+        ("train_seed", None, "train_seed must be a whole number (got None)"),
+        ("train_lr", "0.05", None),
+        ("train_synthetic", "yes", None),
+        ("train_synthetic", "maybe", "train_synthetic must be true or false (got 'maybe')"),
+        ("train_amp", "bf16", None),
+        ("train_amp", "fast", "train_amp must be one of auto, bf16, fp16, off (got 'fast')"),
+        ("train_env", {"NCCL_DEBUG": "INFO"}, None),
+        ("train_env", "x", "train_env must be a mapping (got 'x')"),
+        ("train_arch", "resnet18", None),
+    ],
 )
-def test_bad_numbers(value, ok):
-    problems = filters.bad_numbers({"train_batch_size": value}, {"train_batch_size": 1})
-    assert (problems == []) is ok
-    if not ok:
-        assert problems[0].startswith("train_batch_size must be a number >= 1")
-
-
-@pytest.mark.parametrize(("value", "ok"), [(True, True), ("yes", True), ("maybe", False)])
-def test_bad_bools(value, ok):
-    assert (filters.bad_bools({"train_synthetic": value}) == []) is ok
+def test_bad_options_checks_each_value_against_its_declaration(name, value, problem):
+    specs = {
+        "train_batch_size": {"type": "int"},
+        "train_seed": {"type": "int"},
+        "train_lr": {"type": "float"},
+        "train_synthetic": {"type": "bool"},
+        "train_amp": {"type": "str", "choices": ["auto", "bf16", "fp16", "off"]},
+        "train_env": {"type": "dict"},
+        "train_arch": {"type": "str"},
+    }
+    minimums = {"train_batch_size": 1, "train_lr": 0.0000001}
+    assert filters.bad_options({name: value}, specs, minimums) == ([problem] if problem else [])
 
 
 def test_peers_need_a_cluster_ip():
@@ -128,62 +123,6 @@ def test_peers_need_a_cluster_ip():
     ]
     with pytest.raises(AnsibleFilterError, match="n2 has no cluster_ip"):
         filters.peers(["n2"], hostvars)
-
-
-def test_status_lines_show_each_host_heartbeats_and_summary():
-    hostvars = {
-        "n1": {
-            "__trainer_run_state": {
-                "running": True,
-                "containers": [{"name": "ddpfleet-r-n1", "state": "running", "exit_code": None}],
-                "heartbeats": [{"rank": 0, "step": 12, "age_sec": 0.4}],
-                "exit": "",
-                "summary": {},
-                "last_metrics": {"step": 10, "loss": 6.8},
-            }
-        },
-        "n2": {
-            "__trainer_run_state": {
-                "running": False,
-                "containers": [{"name": "ddpfleet-r-n2", "state": "exited", "exit_code": 137}],
-                "heartbeats": [],
-                "exit": json.dumps({"exit_code": 137}),
-            }
-        },
-    }
-    lines = filters.status_lines(["n1", "n2"], hostvars, "r", "n1")
-    assert lines[0] == "run r: running"
-    assert lines[1] == "n1: container running"
-    assert lines[2] == "  rank 0: step 12, heartbeat 0.4 s ago"
-    assert lines[3] == "n2: container exited (exit code 137); launcher exit code 137"
-    assert lines[-1] == "last metrics: loss 6.8, step 10"
-
-
-def test_status_lines_of_a_finished_run_use_the_summary():
-    hostvars = {"n1": {"__trainer_run_state": {"summary": {"status": "failed", "cause": "x"}}}}
-    lines = filters.status_lines(["n1"], hostvars, "r", "n1")
-    assert lines[0] == "run r: failed"
-    assert lines[1] == "n1: container absent"
-    assert "cause: x" in lines
-
-
-def test_launch_wrapper_is_posix_sh():
-    """dash (Debian's /bin/sh, the image's) parses the wrapper."""
-    dash = "/bin/dash" if Path("/bin/dash").exists() else "/bin/sh"
-    subprocess.run([dash, "-n", str(ROLE / "files" / "launch.sh")], check=True)
-
-
-def test_outcomes_count_a_missing_result_as_failed():
-    hostvars = {
-        "n1": {"__trainer_run_supervise": {"outcome": "completed"}},
-        "n2": {"__trainer_run_supervise": {"failed": True, "msg": "module crashed"}},
-        "n3": {},
-    }
-    assert filters.outcomes(["n1", "n2", "n3"], hostvars) == {
-        "n1": "completed",
-        "n2": "failed",
-        "n3": "failed",
-    }
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,9 @@
-"""The trainer_run modules, run for real through `ansible localhost -m` (no Docker needed):
-run-directory I/O, failure finalisation, the report PNG, and preflight's shared-storage and
-port checks."""
+"""The trainer_run modules, run for real through `ansible localhost -m` (no Docker needed): the
+report table and PNG, the port probe and the host checks of preflight; and the report's table
+logic as plain functions."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import socket
@@ -12,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from plugin_loader import load_plugin
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "trainer_run"
@@ -25,7 +25,6 @@ def ansible_cfg(tmp_path_factory) -> None:
     cfg.write_text(
         "[defaults]\n"
         f"library = {ROLE / 'library'}\n"
-        f"module_utils = {ROLE / 'module_utils'}\n"
         "stdout_callback = ansible.builtin.json\n"
         "bin_ansible_callbacks = true\n"
         f"interpreter_python = {ROOT / '.venv' / 'bin' / 'python'}\n"
@@ -63,186 +62,113 @@ def module(name: str, args: dict, expect_ok: bool = True) -> dict:
     return result
 
 
-def test_run_dir_creates_cleans_writes_and_reads(tmp_path):
-    run_dir = tmp_path / "runs" / "r1"
-    stale = run_dir / "nodes"
-    stale.mkdir(parents=True)
-    (stale / "n1.failed").write_text("{}")
-    (stale / "n1.log").write_text("kept")
-    result = module(
-        "ddpfleet_run_dir",
-        {
-            "path": str(run_dir),
-            "mkdirs": [".", "nodes", "heartbeat"],
-            "remove": ["nodes/*.failed"],
-            "files": [
-                {"path": "config.json", "content": '{"a": 1}'},
-                {"path": "launch.sh", "content": "#!/bin/sh\n", "mode": "0755"},
-                {"path": "report.png", "content_b64": base64.b64encode(b"\x89PNG").decode()},
-            ],
-            "read": ["config.json", "missing.json"],
-        },
-    )
-    assert result["changed"] is True
-    assert result["removed"] == ["nodes/n1.failed"]
-    assert result["content"] == {"config.json": '{"a": 1}'}
-    assert (run_dir / "heartbeat").is_dir()
-    assert (run_dir / "nodes" / "n1.log").read_text() == "kept"
-    assert (run_dir / "launch.sh").stat().st_mode & 0o777 == 0o755
-    assert (run_dir / "report.png").read_bytes() == b"\x89PNG"
-
-
-def test_run_dir_refuses_paths_outside_the_run(tmp_path):
-    result = module(
-        "ddpfleet_run_dir",
-        {"path": str(tmp_path), "files": [{"path": "../escape", "content": "x"}]},
-        expect_ok=False,
-    )
-    assert "outside" in result["msg"]
-    assert not (tmp_path.parent / "escape").exists()
-
-
-def _failed_run(tmp_path: Path) -> Path:
-    run_dir = tmp_path / "r2"
-    (run_dir / "nodes").mkdir(parents=True)
-    (run_dir / "logs").mkdir()
-    (run_dir / "summary.json").write_text(json.dumps({"status": "failed", "world_size": 3}))
-    markers = {
-        "node1": {
-            "host": "node1",
-            "rank": 0,
-            "exit_code": 1,
-            "reason": "rank 0 exited with code 1",
-            "failed_at": 105.0,
-            "time": 105.5,
-        },
-        "node2": {
-            "host": "node2",
-            "rank": 1,
-            "exit_code": 137,
-            "reason": "container was killed (SIGKILL, exit code 137)",
-            "failed_at": 100.0,
-            "time": 106.0,
-        },
-    }
-    for host, marker in markers.items():
-        (run_dir / "nodes" / f"{host}.failed").write_text(json.dumps(marker))
-    (run_dir / "logs" / "rank-1.log").write_text("".join(f"line {i}\n" for i in range(30)))
-    return run_dir
-
-
-def test_finalize_records_the_earliest_failure(tmp_path):
-    run_dir = _failed_run(tmp_path)
-    result = module(
-        "ddpfleet_run_finalize",
-        {"run_dir": str(run_dir), "run_id": "r2", "outcome": "failed", "log_lines": 5},
-    )
-    assert result["cause"] == (
-        "run r2 failed: host node2 rank 1: container was killed (SIGKILL, exit code 137)"
-    )
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "failed"
-    assert summary["world_size"] == 3
-    assert summary["failure"]["host"] == "node2"
-    assert summary["failure"]["rank"] == 1
-    assert summary["failure"]["exit_code"] == 137
-    assert summary["failure"]["log_tail"] == [f"line {i}" for i in range(25, 30)]
-
-
-def test_finalize_without_markers_fails_clearly(tmp_path):
-    (tmp_path / "nodes").mkdir()
-    result = module(
-        "ddpfleet_run_finalize",
-        {"run_dir": str(tmp_path), "run_id": "r3", "outcome": "failed"},
-        expect_ok=False,
-    )
-    assert "no failure marker" in result["msg"]
-
-
-@pytest.mark.parametrize(
-    ("before", "after", "changed"),
-    [(None, "stopped", True), ("stopped", "stopped", False), ("completed", "completed", False)],
+METRICS = "\n".join(
+    json.dumps({"step": s, "loss": 7 - s / 10, "images_per_sec": 30 + s}) for s in range(10, 40, 10)
 )
-def test_finalize_stopped_keeps_what_the_trainer_wrote(tmp_path, before, after, changed):
-    if before:
-        (tmp_path / "summary.json").write_text(json.dumps({"status": before, "steps": 7}))
-    result = module(
-        "ddpfleet_run_finalize", {"run_dir": str(tmp_path), "run_id": "r4", "outcome": "stopped"}
-    )
-    assert result["status"] == after
-    assert result["changed"] is changed
-    assert json.loads((tmp_path / "summary.json").read_text())["status"] == after
+SUMMARY = {
+    "status": "completed",
+    "world_size": 3,
+    "images_per_sec": 90.0,
+    "per_rank_images_per_sec": [31.0, 32.0, 20.0],
+    "final_loss": 4.0,
+    "final_accuracy": None,
+    "wall_time_sec": 61.5,
+    "steps": 30,
+}
 
 
-def test_report_builds_the_table_and_a_png(tmp_path):
-    metrics = "\n".join(
-        json.dumps({"step": s, "loss": 7 - s / 10, "images_per_sec": 30 + s})
-        for s in range(10, 40, 10)
-    )
-    summary = {
-        "status": "completed",
-        "world_size": 3,
-        "images_per_sec": 90.0,
-        "per_rank_images_per_sec": [31.0, 32.0, 20.0],
-        "final_loss": 4.0,
-        "final_accuracy": None,
-        "wall_time_sec": 61.5,
-        "steps": 30,
-    }
-    result = module("ddpfleet_run_report", {"run_id": "r5", "summary": summary, "metrics": metrics})
-    assert result["stragglers"] == [2]
-    assert any("STRAGGLER" in line for line in result["lines"])
-    png = base64.b64decode(result["png_b64"])
-    assert png.startswith(b"\x89PNG\r\n\x1a\n")
-    assert len(png) > 5000
+def test_report_builds_the_table_and_writes_the_same_png_every_time(tmp_path):
+    """The same bytes each time: report.png is only rewritten when the run changed."""
+    pngs = []
+    for name in ("a.png", "b.png"):
+        args = {"run_id": "r5", "summary": SUMMARY, "metrics": METRICS}
+        result = module("ddpfleet_run_report", {**args, "png_path": str(tmp_path / name)})
+        assert result["png"] is True
+        assert any("STRAGGLER" in line for line in result["lines"])
+        pngs.append((tmp_path / name).read_bytes())
+    assert pngs[0].startswith(b"\x89PNG\r\n\x1a\n")
+    assert len(pngs[0]) > 5000
+    assert pngs[0] == pngs[1]
 
 
-def test_report_without_metrics_has_no_png():
-    result = module("ddpfleet_run_report", {"run_id": "r6", "summary": {"status": "completed"}})
-    assert result["png_b64"] == ""
+def test_report_without_metrics_writes_no_png(tmp_path):
+    args = {"run_id": "r6", "summary": {"status": "completed"}, "png_path": str(tmp_path / "p")}
+    assert module("ddpfleet_run_report", args)["png"] is False
+    assert not (tmp_path / "p").exists()
 
 
-def test_port_probe_reports_a_busy_port():
-    with socket.socket() as busy:
+report = load_plugin("ddpfleet_run_report", "roles/trainer_run/library/ddpfleet_run_report.py")
+
+
+def test_report_lines_flag_stragglers_and_show_totals():
+    lines = report.report_lines(SUMMARY, 0.9)
+    assert lines[0].split() == ["rank", "img/s", "note"]
+    assert lines[3].split() == ["2", "20.0", "STRAGGLER", "(0.65x", "median)"]
+    assert "STRAGGLER" not in lines[1] + lines[2]
+    assert lines[4].split() == ["total", "90.0"]
+    assert "final loss 4.0000, final accuracy ?, wall time 61.5s" in lines[5]
+
+
+def test_report_lines_read_per_rank_rates_keyed_by_rank():
+    lines = report.report_lines({"per_rank_images_per_sec": {"1": 10.0, "0": 30.0}}, 0.9)
+    assert [line.split()[:2] for line in lines[1:3]] == [["0", "30.0"], ["1", "10.0"]]
+    assert "STRAGGLER" in lines[2]
+
+
+def test_report_lines_tolerate_a_sparse_summary():
+    lines = report.report_lines({"status": "completed"})
+    assert lines[-2].split() == ["total", "?"]
+    assert "final loss ?" in lines[-1]
+
+
+def test_series_keeps_records_with_a_step_and_the_value():
+    records = [{"step": 10, "loss": 2.0}, {"step": 20}, {"loss": 1.0}, {"step": 30, "loss": 1.5}]
+    assert report.series(records, "loss") == ([10.0, 30.0], [2.0, 1.5])
+
+
+@pytest.mark.parametrize("which", ["rendezvous", "agent"])
+def test_port_probe_names_the_busy_port(which):
+    with socket.socket() as busy, socket.socket() as free:
         busy.bind(("0.0.0.0", 0))
         busy.listen(1)
-        port = busy.getsockname()[1]
+        free.bind(("127.0.0.1", 0))
+        ports = {"rendezvous": free.getsockname()[1], "agent": free.getsockname()[1]}
+        ports[which] = busy.getsockname()[1]
+        free.close()
         result = module(
             "ddpfleet_run_port_probe",
-            {"host": "node1", "port": port, "timeout": 1},
+            {"host": "node1", "ports": ports, "timeout": 1},
             expect_ok=False,
         )
-    assert result["msg"] == f"rendezvous port {port} is busy on node1"
+    assert result["msg"] == f"{which} port {ports[which]} is busy on node1"
 
 
-def test_port_probe_sees_who_connected():
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
+def test_port_probe_names_the_ports_each_peer_missed():
+    ports = {}
+    for name in ("rendezvous", "agent"):
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            ports[name] = free.getsockname()[1]
     result = module(
         "ddpfleet_run_port_probe",
-        {"host": "node1", "port": port, "expect": ["127.0.0.1"], "timeout": 1},
+        {"host": "node1", "ports": ports, "expect": ["127.0.0.1"], "timeout": 1},
     )
-    assert result["connected"] == []
-    assert result["missing"] == ["127.0.0.1"]
+    assert result["missing"] == {
+        "127.0.0.1": [f"rendezvous port {ports['rendezvous']}", f"agent port {ports['agent']}"]
+    }
 
 
-def test_preflight_names_every_problem_on_one_line(tmp_path):
-    (tmp_path / "runs").mkdir()
-    token = tmp_path / "runs" / ".preflight-r7"
-    token.write_text("other")
+def test_preflight_names_every_problem_on_one_line():
     result = module(
         "ddpfleet_run_preflight",
         {
             "host": "node3",
             "peers": [
-                {"name": "ghost", "hostname": "no-such-host.invalid", "cluster_ip": "10.9.9.9"}
+                {"name": "ghost", "hostname": "no-such-host.invalid", "cluster_ip": "10.9.9.9"},
+                {"name": "lh", "hostname": "localhost", "cluster_ip": "10.9.9.9"},
             ],
-            "image": "ddpfleet/no-such-image:0",
-            "shm_mb": 1,
-            "data_dir": str(tmp_path / "datasets" / "absent"),
-            "token_path": str(token),
-            "token": "expected",
+            "shm_mb": 10**9,
+            "ipc_host": True,
         },
         expect_ok=False,
     )
@@ -250,27 +176,12 @@ def test_preflight_names_every_problem_on_one_line(tmp_path):
     assert msg.startswith("preflight failed on node3: ")
     assert "\n" not in msg
     assert "no-such-host.invalid does not resolve" in msg
-    assert "image ddpfleet/no-such-image:0 is not present" in msg
-    assert f"data dir {tmp_path}/datasets/absent is absent" in msg
-    assert "shared storage is not shared" in msg
+    assert "localhost resolves to 127.0.0.1, not its cluster_ip 10.9.9.9" in msg
+    assert "/dev/shm is" in msg
 
 
-def test_preflight_checks_name_resolution_and_shm(tmp_path):
-    token = tmp_path / "t"
-    token.write_text("tok")
-    result = module(
-        "ddpfleet_run_preflight",
-        {
-            "host": "node1",
-            "peers": [{"name": "lh", "hostname": "localhost", "cluster_ip": "10.9.9.9"}],
-            "image": "ddpfleet/no-such-image:0",
-            "shm_mb": 10**9,
-            "ipc_host": True,
-            "token_path": str(token),
-            "token": "tok",
-        },
-        expect_ok=False,
-    )
-    assert "localhost resolves to 127.0.0.1, not its cluster_ip 10.9.9.9" in result["msg"]
-    assert "/dev/shm is" in result["msg"]
-    assert "shared storage" not in result["msg"]
+def test_preflight_passes_and_reports_what_the_engine_may_grant():
+    peer = {"name": "lh", "hostname": "localhost", "cluster_ip": "127.0.0.1"}
+    result = module("ddpfleet_run_preflight", {"host": "node1", "peers": [peer], "shm_mb": 1})
+    assert result["gpu_models"] == []
+    assert set(result["ulimits"]) == {"memlock", "stack"}

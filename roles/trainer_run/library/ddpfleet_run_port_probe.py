@@ -1,9 +1,10 @@
 #!/usr/bin/python
-"""Listen on the rendezvous port for a while and record which peers connected."""
+"""Listen on the run's ports for a while and record which peers connected to each."""
 
 from __future__ import annotations
 
 import errno
+import selectors
 import socket
 import time
 from collections import Counter
@@ -12,22 +13,22 @@ from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
 module: ddpfleet_run_port_probe
-short_description: Prove the rendezvous port is free on rank 0's host and reachable from peers
+short_description: Prove the run's ports are free on rank 0's host and reachable from peers
 description:
-- Binds the port (fails with one line when it is busy), accepts connections until C(expect)
-  distinct peer addresses connected or C(timeout) passed, then closes it. Meant to run with
-  async while the peers connect with ansible.builtin.wait_for.
+- Binds every port (fails with one line when one is busy), accepts connections until each
+  C(expect) address connected to each port or C(timeout) passed, then closes them. Meant to
+  run with async while the peers connect with ansible.builtin.wait_for.
 options:
   host:
     description: inventory_hostname (for messages).
     type: str
     required: true
-  port:
-    description: The rendezvous port.
-    type: int
+  ports:
+    description: The ports by name, e.g. {rendezvous: 29500, agent: 29501}.
+    type: dict
     required: true
   expect:
-    description: Peer addresses expected to connect.
+    description: Peer addresses expected to connect to every port.
     type: list
     elements: str
     default: []
@@ -39,13 +40,10 @@ author: ddpfleet
 """
 
 RETURN = r"""
-connected:
-  description: Peer addresses that connected.
-  type: list
-  returned: always
 missing:
-  description: Expected addresses that never connected.
-  type: list
+  description: Each expected address that did not connect to every port, with the ports it missed
+    (e.g. {"10.0.0.12": ["agent port 29501"]}).
+  type: dict
   returned: always
 """
 
@@ -54,37 +52,40 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "host": {"type": "str", "required": True},
-            "port": {"type": "int", "required": True},
+            "ports": {"type": "dict", "required": True},
             "expect": {"type": "list", "elements": "str", "default": []},
             "timeout": {"type": "float", "default": 30},
         },
         supports_check_mode=False,
     )
     p = module.params
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(("0.0.0.0", p["port"]))
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            module.fail_json(msg=f"rendezvous port {p['port']} is busy on {p['host']}")
-        module.fail_json(msg=f"cannot bind rendezvous port {p['port']} on {p['host']}: {exc}")
-    sock.listen(64)
-    # Count connections per address: several hosts may share one (e.g. behind NAT).
-    connected: Counter[str] = Counter()
-    deadline = time.time() + p["timeout"]
-    want = Counter(p["expect"])
-    while any(connected[a] < n for a, n in want.items()) and time.time() < deadline:
-        sock.settimeout(max(0.1, deadline - time.time()))
+    sel = selectors.DefaultSelector()
+    for name, port in p["ports"].items():
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            conn, addr = sock.accept()
-        except TimeoutError:
-            break
-        connected[addr[0]] += 1
-        conn.close()
-    sock.close()
-    missing = sorted(want - connected)
-    module.exit_json(changed=False, connected=sorted(connected), missing=missing)
+            sock.bind(("0.0.0.0", int(port)))
+        except OSError as exc:
+            why = "is busy" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc})"
+            module.fail_json(msg=f"{name} port {port} {why} on {p['host']}")
+        sock.listen(64)
+        sel.register(sock, selectors.EVENT_READ, name)
+    # Count connections per address: several hosts may share one (e.g. behind NAT).
+    want = Counter(p["expect"])
+    connected = {name: Counter() for name in p["ports"]}
+    deadline = time.time() + p["timeout"]
+    while any(want - c for c in connected.values()) and time.time() < deadline:
+        for key, _ in sel.select(timeout=max(0.1, deadline - time.time())):
+            conn, addr = key.fileobj.accept()
+            connected[key.data][addr[0]] += 1
+            conn.close()
+    for key in list(sel.get_map().values()):
+        key.fileobj.close()
+    missing: dict[str, list[str]] = {}
+    for name, c in connected.items():
+        for addr in sorted(want - c):
+            missing.setdefault(addr, []).append(f"{name} port {p['ports'][name]}")
+    module.exit_json(changed=False, missing=missing)
 
 
 if __name__ == "__main__":

@@ -7,17 +7,14 @@ import os
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.ddpfleet_run import as_owner
 
 DOCUMENTATION = r"""
 module: ddpfleet_run_preflight
 short_description: Check that a host can take part in a ddpfleet run
 description:
-- Every peer's hostname resolves to its cluster_ip; the training image is present; the
-  shared-storage token written by rank 0's host reads back here; /dev/shm (host IPC)
-  or memory (private shm)
-  is big enough; enough GPUs are visible; the data directory exists.
-- Fails with one line naming the host and every problem found.
+- Every peer's hostname resolves to its cluster_ip; /dev/shm (host IPC) or memory (private
+  shm) is big enough; enough GPUs are visible. Fails with one line naming the host and every
+  problem found. Returns what the Docker engine may grant as ulimits.
 options:
   host:
     description: inventory_hostname.
@@ -27,10 +24,6 @@ options:
     description: Each trainer as {name, hostname, cluster_ip}.
     type: list
     elements: dict
-    required: true
-  image:
-    description: Image reference that must be present.
-    type: str
     required: true
   shm_mb:
     description: Minimum /dev/shm the ranks need, in MiB.
@@ -44,24 +37,6 @@ options:
     description: GPUs this host must offer.
     type: int
     default: 0
-  data_dir:
-    description: Dataset directory that must exist ("" for synthetic data).
-    type: str
-    default: ''
-  token_path:
-    description: File rank 0's host wrote on shared storage.
-    type: path
-    required: true
-  token:
-    description: Its expected content.
-    type: str
-    required: true
-  uid:
-    description: Owner uid of shared storage.
-    type: int
-  gid:
-    description: Owner gid of shared storage.
-    type: int
 author: ddpfleet
 """
 
@@ -165,50 +140,21 @@ def check_gpus(module: AnsibleModule, gpus: int) -> tuple[list[str], list[str]]:
     return [], models
 
 
-def check_shared(p: dict) -> list[str]:
-    """Data dir present; rank 0's token reads back here (the storage really is shared)."""
-    problems = []
-    with as_owner(p["uid"], p["gid"]):
-        if p["data_dir"] and not os.path.isdir(p["data_dir"]):
-            problems.append(f"data dir {p['data_dir']} is absent on shared storage")
-        try:
-            with open(p["token_path"], encoding="utf-8") as fh:
-                seen = fh.read().strip()
-        except OSError as exc:
-            seen = f"<{exc.strerror}>"
-    if seen != p["token"]:
-        problems.append(
-            f"shared storage is not shared: token {p['token_path']} reads {seen!r}, "
-            f"rank 0 wrote {p['token']!r}"
-        )
-    return problems
-
-
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "host": {"type": "str", "required": True},
             "peers": {"type": "list", "elements": "dict", "required": True},
-            "image": {"type": "str", "required": True},
             "shm_mb": {"type": "int", "required": True},
             "ipc_host": {"type": "bool", "default": False},
             "gpus": {"type": "int", "default": 0},
-            "data_dir": {"type": "str", "default": ""},
-            "token_path": {"type": "path", "required": True},
-            "token": {"type": "str", "required": True, "no_log": False},
-            "uid": {"type": "int"},
-            "gid": {"type": "int"},
         },
         supports_check_mode=True,
     )
     p = module.params
-    problems = check_names(p["peers"])
-    rc, _, err = module.run_command(["docker", "image", "inspect", p["image"]])
-    if rc != 0:
-        problems.append(f"image {p['image']} is not present ({err.strip()})")
-    problems += check_shm(p["shm_mb"], p["ipc_host"])
+    problems = check_names(p["peers"]) + check_shm(p["shm_mb"], p["ipc_host"])
     gpu_problems, models = check_gpus(module, p["gpus"])
-    problems += gpu_problems + check_shared(p)
+    problems += gpu_problems
     if problems:
         module.fail_json(msg=f"preflight failed on {p['host']}: " + "; ".join(problems))
     module.exit_json(changed=False, gpu_models=models, ulimits=engine_ulimits(dockerd_pid()))

@@ -3,19 +3,19 @@
 
 from __future__ import annotations
 
-import base64
 import io
 import json
+import statistics
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.ddpfleet_run import report_lines, series, stragglers
 
 DOCUMENTATION = r"""
 module: ddpfleet_run_report
 short_description: Build the report table and the loss/throughput PNG of a ddpfleet run
 description:
 - Runs on the controller (it needs matplotlib from the controller's venv); returns the table
-  lines, the straggler ranks and the PNG as base64 for the caller to store in the run directory.
+  lines and writes the plot to C(png_path) for the caller to copy
+  into the run directory. The same inputs give the same PNG bytes.
 options:
   run_id:
     description: The run id (plot title).
@@ -33,6 +33,10 @@ options:
     description: A rank below this fraction of the median img/s is a straggler.
     type: float
     default: 0.9
+  png_path:
+    description: Where to write the plot on the controller (nothing when metrics has no steps).
+    type: path
+    required: true
 author: ddpfleet
 """
 
@@ -41,19 +45,52 @@ lines:
   description: The table, one line per item.
   type: list
   returned: always
-stragglers:
-  description: Straggler ranks.
-  type: list
-  returned: always
-png_b64:
-  description: The plot (PNG, base64); empty when metrics has no step records.
-  type: str
+png:
+  description: Whether png_path was written.
+  type: bool
   returned: always
 """
 
 
-LOSS_KEYS = ("loss", "train_loss")
-RATE_KEYS = ("images_per_sec", "img_per_sec", "throughput")
+def _num(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def report_lines(summary: dict, ratio: float = 0.9) -> list[str]:
+    """Table of per-rank img/s (a rank below ratio x the median flagged as a straggler) plus
+    totals, loss, accuracy and wall time."""
+    per_rank = summary.get("per_rank_images_per_sec") or []
+    if isinstance(per_rank, dict):
+        per_rank = [per_rank[k] for k in sorted(per_rank, key=int)]
+    rates = [_num(r) for r in per_rank]
+    known = [r for r in rates if r is not None]
+    median = statistics.median(known) if known else 0.0
+    lines = [f"{'rank':>6}  {'img/s':>10}  note"]
+    for rank, rate in enumerate(rates):
+        shown = f"{rate:10.1f}" if rate is not None else f"{'?':>10}"
+        slow = rate is not None and rate < ratio * median
+        note = f"STRAGGLER ({rate / median:.2f}x median)" if slow else ""
+        lines.append(f"{rank:>6}  {shown}  {note}".rstrip())
+    total = _num(summary.get("images_per_sec"))
+    lines.append(f"{'total':>6}  " + (f"{total:10.1f}" if total is not None else f"{'?':>10}"))
+    loss, acc, wall = (
+        _num(summary.get(k)) for k in ("final_loss", "final_accuracy", "wall_time_sec")
+    )
+    lines.append(
+        f"status {summary.get('status', '?')}, steps {summary.get('steps', '?')}, "
+        f"world size {summary.get('world_size', '?')}, "
+        f"final loss {'?' if loss is None else f'{loss:.4f}'}, "
+        f"final accuracy {'?' if acc is None else f'{acc:.4f}'}, "
+        f"wall time {'?' if wall is None else f'{wall:.1f}s'}"
+    )
+    return lines
+
+
+def series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of the metrics records that have both."""
+    pairs = [(_num(r.get("step")), _num(r.get(key))) for r in records]
+    kept = [(s, v) for s, v in pairs if s is not None and v is not None]
+    return [s for s, _ in kept], [v for _, v in kept]
 
 
 def render_png(run_id: str, records: list[dict]) -> bytes:
@@ -63,19 +100,17 @@ def render_png(run_id: str, records: list[dict]) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    loss_x, loss_y = series(records, LOSS_KEYS)
-    rate_x, rate_y = series(records, RATE_KEYS)
     fig, ax_loss = plt.subplots(figsize=(8, 4.5), dpi=100)
-    ax_loss.plot(loss_x, loss_y, color="tab:blue", label="loss")
+    ax_loss.plot(*series(records, "loss"), color="tab:blue", label="loss")
     ax_loss.set_xlabel("step")
     ax_loss.set_ylabel("loss", color="tab:blue")
     ax_rate = ax_loss.twinx()
-    ax_rate.plot(rate_x, rate_y, color="tab:orange", label="img/s")
+    ax_rate.plot(*series(records, "images_per_sec"), color="tab:orange", label="img/s")
     ax_rate.set_ylabel("images / s (all ranks)", color="tab:orange")
     ax_loss.set_title(f"ddpfleet run {run_id}")
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    fig.savefig(buf, format="png", metadata={"Software": None})
     plt.close(fig)
     return buf.getvalue()
 
@@ -87,8 +122,9 @@ def main() -> None:
             "summary": {"type": "dict", "required": True},
             "metrics": {"type": "str", "default": ""},
             "straggler_ratio": {"type": "float", "default": 0.9},
+            "png_path": {"type": "path", "required": True},
         },
-        supports_check_mode=True,
+        supports_check_mode=False,
     )
     p = module.params
     records = []
@@ -97,19 +133,19 @@ def main() -> None:
             rec = json.loads(line)
         except ValueError:
             continue
-        if isinstance(rec, dict):
+        if isinstance(rec, dict) and _num(rec.get("step")) is not None:
             records.append(rec)
-    png = b""
-    if any(isinstance(r.get("step"), (int, float)) for r in records):
+    if records:
         try:
             png = render_png(p["run_id"], records)
         except ImportError as exc:
             module.fail_json(msg=f"matplotlib is needed on the controller for report.png: {exc}")
+        with open(p["png_path"], "wb") as fh:
+            fh.write(png)
     module.exit_json(
         changed=False,
         lines=report_lines(p["summary"], p["straggler_ratio"]),
-        stragglers=stragglers(p["summary"], p["straggler_ratio"]),
-        png_b64=base64.b64encode(png).decode(),
+        png=bool(records),
     )
 
 

@@ -1,0 +1,214 @@
+"""ddpfleet_run_follow: follow a run through the records its agents write (read-only).
+
+Each poll is one `cat` of config.json, summary.json, progress.json and nodes/*.exit over the
+task's connection: no module shipped, nothing written, so stopping the controller never
+touches the run. once: a single read, with the run's status word and status.yml's lines
+(containers: {host: docker state or ''}). Returns outcome, summary, exits, progress, config,
+attempt and lines (the progress lines shown).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+from ansible.errors import AnsibleConnectionFailure
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+display = Display()
+MARK = "@@ddpfleet-file@@"
+ENDED = ("completed", "failed", "stopped")
+SPEC = {
+    "run_dir": {"type": "str", "required": True},
+    "run_id": {"type": "str", "required": True},
+    "hosts": {"type": "list", "elements": "str", "required": True},
+    "attempt": {"type": "str", "default": ""},  # default: config.json's
+    "poll_interval": {"type": "float", "default": 5.0},
+    "stale_after": {"type": "float", "default": 90.0},
+    "once": {"type": "bool", "default": False},
+    "containers": {"type": "dict", "default": {}},
+}
+
+
+def read_command(run_dir: str) -> str:
+    """One read-only shell command: each record that exists, behind a marker line."""
+    return (
+        f"cd {shlex.quote(run_dir)} 2>/dev/null || exit 0; "
+        "for f in config.json summary.json progress.json nodes/*.exit; do "
+        f'if [ -f "$f" ]; then echo "{MARK} $f"; cat "$f"; echo; fi; done'
+    )
+
+
+def parse(out: str) -> dict[str, dict]:
+    """{relative path: JSON object} from read_command's output ({} for a torn file)."""
+    files = {}
+    for chunk in out.split(MARK + " ")[1:]:
+        name, _, body = chunk.partition("\n")
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = {}
+        files[name.strip()] = data if isinstance(data, dict) else {}
+    return files
+
+
+def snapshot(files: dict, run_id: str, hosts: list[str], attempt: str) -> dict:
+    """The records of one attempt (config.json's when attempt is empty), its progress line and
+    its outcome: None while it runs; completed, stopped or failed once every host recorded its
+    exit, or failed once summary.json names the failure of this attempt and only the failed
+    host (whose agent may have been killed with it) has no exit record."""
+    config, summary = files.get("config.json", {}), files.get("summary.json", {})
+    attempt = attempt or str(config.get("attempt", ""))
+    exits = {h: files.get(f"nodes/{h}.exit") or {} for h in hosts}
+    exits = {h: e for h, e in exits.items() if e and e.get("attempt", "") == attempt}
+    outcomes = {e.get("outcome") for e in exits.values()}
+    missing = {h for h in hosts if h not in exits}
+    failed_here = summary.get("status") == "failed" and summary.get("attempt") == attempt
+    outcome = None
+    if missing and failed_here and missing <= {(summary.get("failure") or {}).get("host")}:
+        outcome = "failed"
+    elif not missing:
+        outcome = "completed" if outcomes == {"completed"} else "failed"
+        if outcome == "failed" and outcomes <= {"completed", "stopped"}:
+            outcome = "stopped"
+    progress = files.get("progress.json", {})
+    progress = progress if progress.get("attempt", "") == attempt else {}
+    return {
+        "attempt": attempt,
+        "config": config,
+        "summary": summary,
+        "exits": exits,
+        "outcome": outcome,
+        "progress": progress,
+        "line": progress_line(run_id, progress, hosts) if progress else "",
+    }
+
+
+def recorded(snap: dict) -> bool:
+    """summary.json records the outcome (a failure: of this attempt)."""
+    s, outcome = snap["summary"], snap["outcome"]
+    return s.get("status") == outcome and (
+        outcome != "failed" or s.get("attempt") == snap["attempt"]
+    )
+
+
+def duration(sec: object) -> str:
+    """45s, 1m05s, 2h03m; ? when unknown."""
+    if not isinstance(sec, (int, float)) or sec < 0:
+        return "?"
+    s = round(sec)
+    if s < 60:
+        return f"{s}s"
+    return f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _num(value: object, fmt: str) -> str:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return format(value, fmt) if ok else "?"
+
+
+def progress_line(run_id: str, p: dict, hosts: list[str]) -> str:
+    """run r: step 40/100 (40%), loss 6.1234, 55.2 img/s, ETA 1m05s, hosts running 3/3
+    (phase train); hosts not running are named (hosts running 2/3: node3 silent)."""
+    step, total = int(p.get("step") or 0), int(p.get("total_steps") or 0)
+    where = f"step {step}/{total} ({100 * step // total}%)" if total > 0 else f"step {step}"
+    states = p.get("hosts") or {}
+    up = [h for h in hosts if states.get(h) == "running"]
+    others = ", ".join(f"{h} {states.get(h, 'unknown')}" for h in hosts if h not in up)
+    return (
+        f"run {run_id}: {where}, loss {_num(p.get('loss'), '.4f')}, "
+        f"{_num(p.get('images_per_sec'), '.1f')} img/s, ETA {duration(p.get('eta_sec'))}, "
+        f"hosts running {len(up)}/{len(hosts)}{': ' + others if others else ''}"
+        f" (phase {p.get('phase') or '?'})"
+    )
+
+
+def run_status(snap: dict, containers: dict) -> str:
+    """running (a container runs), the recorded outcome, unknown (launched, nothing recorded
+    since) or absent (never launched)."""
+    if "running" in containers.values():
+        return "running"
+    status = snap["outcome"] or snap["summary"].get("status")
+    return status if status in ENDED else ("unknown" if snap["config"] else "absent")
+
+
+def status_lines(run_id: str, status: str, snap: dict, containers: dict) -> list[str]:
+    """status.yml's report: the run, each host's container and agent exit, progress, summary."""
+    lines = [f"run {run_id}: {status}"]
+    for host, state in containers.items():
+        e = snap["exits"].get(host)
+        code = f"; agent exit code {e.get('exit_code')} ({e.get('outcome')})" if e else ""
+        lines.append(f"{host}: container {state or 'absent'}{code}")
+    lines += [snap["line"]] if snap["line"] else []
+    s = snap["summary"]
+    if s:
+        lines.append(
+            f"summary: status {s.get('status', '?')}, steps {s.get('steps', '?')}, "
+            f"world size {s.get('world_size', '?')}, img/s {s.get('images_per_sec', '?')}"
+        )
+    return lines + ([f"cause: {s['cause']}"] if s.get("cause") else [])
+
+
+class ActionModule(ActionBase):
+    """Poll the run directory until every host recorded its exit, or the agents fall silent."""
+
+    TRANSFERS_FILES = False
+    _supports_check_mode = True
+
+    def _read(self, run_dir: str) -> tuple[dict | None, str]:
+        try:
+            res = self._low_level_execute_command(read_command(run_dir), sudoable=False)
+        except AnsibleConnectionFailure as exc:
+            return None, str(exc)
+        if res.get("rc") != 0:
+            return None, (res.get("stderr") or f"exit code {res.get('rc')}").strip()
+        return parse(res.get("stdout", "")), ""
+
+    def run(self, tmp: object = None, task_vars: dict | None = None) -> dict:
+        result = super().run(tmp, task_vars)
+        _, a = self.validate_argument_spec(argument_spec=SPEC)
+        run_id, hosts, lines = a["run_id"], a["hosts"], []
+        snap, shown, seen, ended_at, error = None, None, None, None, ""
+        last_change = time.monotonic()
+        # summary.json may follow the last exit record by a moment (another host's agent
+        # writes it when node rank 0's is gone): give it this long.
+        grace = max(15.0, 2 * a["poll_interval"])
+        while a["once"] or time.monotonic() - last_change <= a["stale_after"]:
+            files, error = self._read(a["run_dir"])
+            now = time.monotonic()
+            if files is None and a["once"]:
+                break
+            if files is not None:
+                snap = snapshot(files, run_id, hosts, a["attempt"])
+                if a["once"]:
+                    status = run_status(snap, a["containers"])
+                    result["status_lines"] = status_lines(run_id, status, snap, a["containers"])
+                    return self._done(result, snap, status, [snap["line"]] * bool(snap["line"]))
+                p = snap["progress"]
+                if snap["line"] and (p.get("step"), p.get("hosts")) != shown:
+                    display.display(snap["line"])
+                    lines.append(snap["line"])
+                    shown = (p.get("step"), p.get("hosts"))
+                if (p, sorted(snap["exits"])) != seen:
+                    seen, last_change = (p, sorted(snap["exits"])), now
+                ended_at = (ended_at or now) if snap["outcome"] else None
+                if snap["outcome"] and (recorded(snap) or now - ended_at >= grace):
+                    return self._done(result, snap, snap["outcome"], lines)
+            time.sleep(a["poll_interval"])
+        silent = round(time.monotonic() - last_change)
+        if snap is None or error:
+            return {**result, "failed": True, "msg": f"cannot read {a['run_dir']}: {error}"}
+        missing = ", ".join(h for h in hosts if h not in snap["exits"])
+        result["msg"] = (
+            f"run {run_id}: agents stopped reporting (progress.json unchanged for {silent} s, "
+            f"no exit record from {missing}); see status.yml -e run_id={run_id}"
+        )
+        return self._done(result, snap, "lost", lines)
+
+    @staticmethod
+    def _done(result: dict, snap: dict, outcome: str, lines: list[str]) -> dict:
+        keep = ("summary", "exits", "progress", "config", "attempt")
+        result.update({k: snap[k] for k in keep}, changed=False, outcome=outcome, lines=lines)
+        return result

@@ -1,0 +1,321 @@
+"""roles/trainer_run/action_plugins/ddpfleet_run_follow.py: the read command (run for real with
+/bin/sh on a run directory), parsing, outcomes, the progress and status lines, and the follow
+loop fed with fake command results."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from plugin_loader import load_plugin
+
+follow = load_plugin(
+    "ddpfleet_run_follow", "roles/trainer_run/action_plugins/ddpfleet_run_follow.py"
+)
+HOSTS = ["node1", "node2", "node3"]
+
+
+def exit_rec(host: str, outcome: str = "completed", attempt: str = "a2", **more) -> dict:
+    code = {"completed": 0, "stopped": 143}.get(outcome, 1)
+    return {"host": host, "attempt": attempt, "exit_code": code, "outcome": outcome, **more}
+
+
+def progress(step: int = 40, attempt: str = "a2", **more) -> dict:
+    rec = {
+        "run_id": "r",
+        "attempt": attempt,
+        "state": "running",
+        "step": step,
+        "total_steps": 100,
+        "phase": "train",
+        "loss": 6.12344,
+        "images_per_sec": 55.21,
+        "eta_sec": 65.4,
+        "hosts": dict.fromkeys(HOSTS, "running"),
+    }
+    return {**rec, **more}
+
+
+def files(exits=(), summary=None, prog=None, attempt="a2") -> dict:
+    out = {"config.json": {"run_id": "r", "attempt": attempt}}
+    out.update({f"nodes/{e['host']}.exit": e for e in exits})
+    if summary is not None:
+        out["summary.json"] = summary
+    if prog is not None:
+        out["progress.json"] = prog
+    return out
+
+
+def snap(**kw) -> dict:
+    return follow.snapshot(files(**kw), "r", HOSTS, "")
+
+
+# --- the read ------------------------------------------------------------------------------
+
+
+def test_read_command_prints_every_record_and_parse_reads_them_back(tmp_path: Path):
+    run_dir = tmp_path / "run dir's"  # quoting: a space and a quote in the path
+    (run_dir / "nodes").mkdir(parents=True)
+    (run_dir / "config.json").write_text('{"attempt": "a2"}')
+    (run_dir / "summary.json").write_text('{"status": "comp')  # torn while written
+    (run_dir / "nodes" / "node1.exit").write_text(json.dumps(exit_rec("node1")))
+    (run_dir / "nodes" / "node1.log").write_text("not read")
+    out = subprocess.run(
+        ["/bin/sh", "-c", follow.read_command(str(run_dir))],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert follow.parse(out) == {
+        "config.json": {"attempt": "a2"},
+        "summary.json": {},
+        "nodes/node1.exit": exit_rec("node1"),
+    }
+
+
+def test_read_command_of_a_missing_run_dir_prints_nothing(tmp_path: Path):
+    cmd = follow.read_command(str(tmp_path / "absent"))
+    proc = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, check=False)
+    assert (proc.returncode, proc.stdout) == (0, "")
+
+
+# --- outcomes ------------------------------------------------------------------------------
+
+
+def test_a_run_is_going_until_every_host_recorded_its_exit():
+    s = snap(exits=[exit_rec("node1"), exit_rec("node2")], prog=progress())
+    assert s["outcome"] is None
+    assert sorted(s["exits"]) == ["node1", "node2"]
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "expected"),
+    [
+        (["completed"] * 3, "completed"),
+        (["stopped"] * 3, "stopped"),
+        (["completed", "stopped", "stopped"], "stopped"),
+        (["failed", "stopped", "stopped"], "failed"),
+    ],
+)
+def test_outcome_from_every_exit_record(outcomes, expected):
+    s = snap(exits=[exit_rec(h, o) for h, o in zip(HOSTS, outcomes, strict=True)])
+    assert s["outcome"] == expected
+
+
+def test_exit_records_of_an_earlier_attempt_do_not_count():
+    s = snap(exits=[exit_rec(h, attempt="a1") for h in HOSTS], prog=progress(attempt="a1"))
+    assert (s["outcome"], s["exits"], s["progress"], s["line"]) == (None, {}, {}, "")
+
+
+def test_a_failure_of_this_attempt_ends_the_run_without_the_failed_hosts_exit_record():
+    """The failed host's agent may have died with its container (docker kill)."""
+    summary = {"status": "failed", "attempt": "a2", "failure": {"host": "node2", "rank": 1}}
+    others = [exit_rec("node1", "failed"), exit_rec("node3", "failed")]
+    assert snap(exits=others, summary=summary)["outcome"] == "failed"
+    assert snap(exits=others[:1], summary=summary)["outcome"] is None
+    stale = {**summary, "attempt": "a1"}
+    assert snap(exits=others, summary=stale)["outcome"] is None
+
+
+def test_recorded_needs_a_failure_of_this_attempt():
+    exits = [exit_rec(h, "failed") for h in HOSTS]
+    assert follow.recorded(snap(exits=exits, summary={"status": "failed", "attempt": "a2"}))
+    assert not follow.recorded(snap(exits=exits, summary={"status": "failed", "attempt": "a1"}))
+    done = [exit_rec(h) for h in HOSTS]
+    assert follow.recorded(snap(exits=done, summary={"status": "completed"}))
+    assert not follow.recorded(snap(exits=done, summary={"status": "failed", "attempt": "a1"}))
+
+
+# --- lines ---------------------------------------------------------------------------------
+
+
+def test_progress_line():
+    assert follow.progress_line("r", progress(), HOSTS) == (
+        "run r: step 40/100 (40%), loss 6.1234, 55.2 img/s, ETA 1m05s, "
+        "hosts running 3/3 (phase train)"
+    )
+
+
+def test_progress_line_names_hosts_not_running_and_unknown_values():
+    p = {"step": 0, "hosts": {"node1": "running", "node2": "starting"}}
+    assert follow.progress_line("r", p, HOSTS) == (
+        "run r: step 0, loss ?, ? img/s, ETA ?, hosts running 1/3: node2 starting, node3 unknown"
+        " (phase ?)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("sec", "text"), [(None, "?"), (-1, "?"), (44.6, "45s"), (65, "1m05s"), (7380, "2h03m")]
+)
+def test_duration(sec, text):
+    assert follow.duration(sec) == text
+
+
+@pytest.mark.parametrize(
+    ("containers", "kw", "status"),
+    [
+        ({"node1": "running", "node2": "", "node3": ""}, {}, "running"),
+        (dict.fromkeys(HOSTS, ""), {"exits": [exit_rec(h) for h in HOSTS]}, "completed"),
+        (dict.fromkeys(HOSTS, ""), {"summary": {"status": "stopped"}}, "stopped"),
+        (dict.fromkeys(HOSTS, ""), {}, "unknown"),
+    ],
+)
+def test_run_status(containers, kw, status):
+    assert follow.run_status(snap(**kw), containers) == status
+
+
+def test_run_status_of_a_run_never_launched_is_absent():
+    assert (
+        follow.run_status(follow.snapshot({}, "r", HOSTS, ""), dict.fromkeys(HOSTS, "")) == "absent"
+    )
+
+
+def test_status_lines():
+    summary = {
+        "status": "failed",
+        "attempt": "a2",
+        "steps": 7,
+        "world_size": 3,
+        "cause": "run r failed: host node2 rank 1: boom",
+    }
+    s = snap(
+        exits=[exit_rec("node1", "failed"), exit_rec("node3", "failed")],
+        summary=summary,
+        prog=progress(step=7, hosts={"node1": "exited", "node2": "silent"}),
+    )
+    containers = {"node1": "", "node2": "", "node3": "exited"}
+    assert follow.status_lines("r", "failed", s, containers) == [
+        "run r: failed",
+        "node1: container absent; agent exit code 1 (failed)",
+        "node2: container absent",
+        "node3: container exited; agent exit code 1 (failed)",
+        "run r: step 7/100 (7%), loss 6.1234, 55.2 img/s, ETA 1m05s, hosts running 0/3: "
+        "node1 exited, node2 silent, node3 unknown (phase train)",
+        "summary: status failed, steps 7, world size 3, img/s ?",
+        "cause: run r failed: host node2 rank 1: boom",
+    ]
+
+
+# --- the action, fed with fake reads -------------------------------------------------------
+
+
+class Clock:
+    """time.monotonic and time.sleep of the follow loop: sleeping advances the clock."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, sec: float) -> None:
+        self.now += sec
+
+
+def render(records: dict) -> str:
+    return "".join(f"{follow.MARK} {name}\n{json.dumps(rec)}\n" for name, rec in records.items())
+
+
+def run_action(reads: list, **args) -> tuple[dict, list[str], list[str]]:
+    """Run the action on a list of reads (dicts of records, or an int: a failed command with
+    that rc). Returns (result, lines displayed, commands run); the last read repeats."""
+    task = mock.MagicMock(async_val=0, check_mode=False)
+    task.args = {"run_dir": "/runs/r", "run_id": "r", "hosts": HOSTS, "poll_interval": 5, **args}
+    action = follow.ActionModule(task, mock.MagicMock(), mock.MagicMock(), None, None, None)
+    commands: list[str] = []
+
+    def execute(cmd: str, sudoable: bool = True) -> dict:
+        commands.append(cmd)
+        read = reads[min(len(commands), len(reads)) - 1]
+        if isinstance(read, int):
+            return {"rc": read, "stdout": "", "stderr": "ssh: connection refused"}
+        return {"rc": 0, "stdout": render(read), "stderr": ""}
+
+    shown: list[str] = []
+    clock = Clock()
+    with (
+        mock.patch.object(action, "_low_level_execute_command", side_effect=execute),
+        mock.patch.object(follow.display, "display", side_effect=shown.append),
+        mock.patch.object(follow.time, "monotonic", clock.monotonic),
+        mock.patch.object(follow.time, "sleep", clock.sleep),
+    ):
+        result = action.run(task_vars={})
+    return result, shown, commands
+
+
+def test_follow_prints_a_line_per_step_change_and_returns_the_outcome():
+    done = [exit_rec(h) for h in HOSTS]
+    reads = [
+        files(),
+        files(prog=progress(step=1)),
+        files(prog=progress(step=1, time=2)),  # same step: no new line
+        files(prog=progress(step=2)),
+        files(exits=done, prog=progress(step=2, state="ended"), summary={"status": "completed"}),
+    ]
+    result, shown, commands = run_action(reads, attempt="a2")
+    assert result["outcome"] == "completed"
+    assert result["summary"] == {"status": "completed"}
+    assert [line.split(",")[0] for line in shown] == [
+        "run r: step 1/100 (1%)",
+        "run r: step 2/100 (2%)",
+    ]
+    assert result["lines"] == shown
+    assert len(commands) == 5
+    assert all(c.startswith("cd /runs/r ") for c in commands)
+
+
+def test_follow_waits_a_moment_for_summary_json():
+    exits = [exit_rec(h, "failed") for h in HOSTS]
+    summary = {"status": "failed", "attempt": "a2", "cause": "run r failed: host node2 rank 1: x"}
+    reads = [files(exits=exits), files(exits=exits), files(exits=exits, summary=summary)]
+    result, _, commands = run_action(reads, attempt="a2")
+    assert (result["outcome"], result["summary"], len(commands)) == ("failed", summary, 3)
+
+
+def test_follow_gives_up_waiting_for_summary_json_after_15_s():
+    exits = [exit_rec(h, "failed") for h in HOSTS]
+    stale = {"status": "stopped", "steps": 7}
+    result, _, commands = run_action([files(exits=exits, summary=stale)], attempt="a2")
+    assert (result["outcome"], result["summary"]) == ("failed", stale)
+    assert len(commands) == 4  # reads at 0, 5, 10 and 15 s
+
+
+def test_follow_reports_agents_that_stopped_reporting():
+    reads = [
+        files(prog=progress(step=3)),
+        files(exits=[exit_rec("node1", "failed")], prog=progress(step=3)),
+    ]
+    result, _, _ = run_action(reads, attempt="a2", stale_after=90)
+    assert result["outcome"] == "lost"
+    assert result["msg"] == (
+        "run r: agents stopped reporting (progress.json unchanged for 95 s, no exit record from "
+        "node2, node3); see status.yml -e run_id=r"
+    )
+
+
+def test_follow_fails_when_the_run_dir_cannot_be_read_for_too_long():
+    result, _, _ = run_action([files(prog=progress()), 255], attempt="a2", stale_after=30)
+    assert result["failed"] is True
+    assert result["msg"] == "cannot read /runs/r: ssh: connection refused"
+
+
+def test_once_reads_one_time_and_takes_the_attempt_from_config_json():
+    reads = [files(exits=[exit_rec("node1")], prog=progress(step=9))]
+    containers = {"node1": "", "node2": "running", "node3": "running"}
+    result, shown, commands = run_action(reads, once=True, containers=containers)
+    assert (result["outcome"], result["attempt"], len(commands), shown) == ("running", "a2", 1, [])
+    assert result["status_lines"][:4] == [
+        "run r: running",
+        "node1: container absent; agent exit code 0 (completed)",
+        "node2: container running",
+        "node3: container running",
+    ]
+    assert result["lines"] == [result["status_lines"][4]]
+
+
+def test_once_fails_when_the_run_dir_cannot_be_read():
+    result, _, _ = run_action([255], once=True)
+    assert result["failed"] is True
