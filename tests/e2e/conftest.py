@@ -40,6 +40,7 @@ if str(ROOT) not in sys.path:  # `python -m sandbox` lives at the repository roo
     sys.path.insert(0, str(ROOT))
 
 from site_fixtures import provisioned  # noqa: E402, F401 - `provisioned`: site.yml applied once
+from train_fixtures import cluster  # noqa: E402, F401 - `cluster`: provisioned, cleaned after
 
 from sandbox.settings import make_settings  # noqa: E402
 

@@ -1,16 +1,19 @@
-"""train.yml, status.yml and stop.yml on the sandbox: real torchrun containers on every node.
+"""train.yml, status.yml and stop.yml on the sandbox: real torchrun containers under the run
+agent on every node.
 
-A short synthetic run completes with world size = nodes x processes; a run on a generated
-ImageFolder data set on the shared storage; a rank's container killed mid-run brings every
-container of the run down within 15 s and the failure names that host, and the re-run
-resumes from the newest checkpoint; stop.yml then resume; status.yml; every bad input is
-refused with one line before anything starts. Prints launch-to-first-step and teardown times.
+A short synthetic run completes with world size = nodes x processes while train.yml follows
+it; with the controller's ansible-playbook killed mid-run, a rank's container killed brings
+every container of the run down within 15 s with nobody following, the failure names that
+host and rank, and the re-run resumes from the newest checkpoint; an ImageFolder run whose
+validation outlasts the heartbeat timeout completes; stop.yml during validation keeps the
+trainer's checkpoint and the run resumes from it; a second train.yml attaches to a running
+run; train_follow=false returns at once and status.yml reports the run later; every bad input
+is refused with one line before anything starts. Prints launch-to-first-step and teardown.
 """
 
 from __future__ import annotations
 
 import calendar
-import contextlib
 import json
 import re
 import subprocess
@@ -19,37 +22,9 @@ from typing import Any
 
 import pytest
 from site_fixtures import PlaybookRun, run_site
+from train_fixtures import FAST, SHARED, STAMP, run_id
 
-SHARED = "/mnt/ddpfleet"
 TEARDOWN_LIMIT_S = 15
-STAMP = time.strftime("%H%M%S")
-# Short runs: 3 ranks share 2 cores. Each rank logs every step so progress is visible.
-FAST = ["-e", "train_log_every=1", "-e", "train_omp_num_threads=1", "-e", "train_workers=0"]
-
-
-def run_id(name: str) -> str:
-    return f"e2e-{STAMP}-{name}"
-
-
-@pytest.fixture(scope="module")
-def cluster(request: pytest.FixtureRequest, sandbox: Any) -> Any:
-    """The provisioned sandbox (site.yml applied once; the lead's `provisioned` fixture)."""
-    # Without the shared fixture, test_20_site (file order) ran site.yml before this module.
-    with contextlib.suppress(pytest.FixtureLookupError):
-        request.getfixturevalue("provisioned")
-    probe = sandbox.ssh(sandbox.nodes[0], "cat /etc/ddpfleet/trainer_image")
-    assert probe.returncode == 0, "site.yml has not provisioned the sandbox: " + probe.stderr
-    yield sandbox
-    for node in sandbox.nodes:  # our containers only (label io.ddpfleet.run_id=e2e-<stamp>-*)
-        sandbox.ssh(
-            node,
-            "docker ps -aq --filter label=io.ddpfleet.run_id | xargs -r docker inspect "
-            "--format '{{.Name}} {{index .Config.Labels \"io.ddpfleet.run_id\"}}' "
-            f"| awk '$2 ~ /^e2e-{STAMP}-/ {{print $1}}' | xargs -r docker rm -f",
-        )
-    sandbox.ssh(
-        sandbox.nodes[0], f"rm -rf {SHARED}/runs/e2e-{STAMP}-* {SHARED}/datasets/e2e-{STAMP}"
-    )
 
 
 def train(sandbox: Any, rid: str | None, *args: str) -> PlaybookRun:
@@ -89,26 +64,45 @@ def containers(sandbox: Any, rid: str) -> dict[str, list[str]]:
     return found
 
 
-def heartbeat_step(sandbox: Any, rid: str, rank: int) -> int:
-    proc = sandbox.ssh(sandbox.nodes[0], f"cat {SHARED}/runs/{rid}/heartbeat/rank-{rank}.json")
+def progress(sandbox: Any, rid: str) -> dict:
+    """progress.json (node rank 0's agent rewrites it every ~2 s); {} before the first."""
+    proc = sandbox.ssh(sandbox.nodes[0], f"cat {SHARED}/runs/{rid}/progress.json")
     try:
-        return int(json.loads(proc.stdout)["step"])
-    except (ValueError, KeyError):
-        return -1
+        return json.loads(proc.stdout)
+    except ValueError:
+        return {}
+
+
+def wait_for(  # noqa: PLR0917 - a test helper: sandbox, run, process, then what to wait for
+    sandbox: Any,
+    rid: str,
+    proc: subprocess.Popen[str] | None,
+    step: int = 0,
+    phase: str | None = None,
+    timeout: float = 420,
+) -> dict:
+    """Wait until the run's progress reaches `step` (and `phase`, when given)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = progress(sandbox, rid)
+        if now.get("step", -1) >= step and (phase is None or now.get("phase") == phase):
+            return now
+        assert now.get("state") != "ended", f"run {rid} ended before step {step} {phase}: {now}"
+        assert proc is None or proc.poll() is None, proc.stdout.read() if proc else ""
+        assert time.monotonic() < deadline, f"run {rid} never reached step {step} {phase}: {now}"
+        time.sleep(0.5)
 
 
 def wait_for_step(sandbox: Any, rid: str, step: int, proc: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 420
-    while heartbeat_step(sandbox, rid, len(sandbox.nodes) - 1) < step:
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.monotonic() < deadline, f"run {rid} never reached step {step}"
-        time.sleep(1)
+    wait_for(sandbox, rid, proc, step=step)
 
 
 def launch_to_first_step(sandbox: Any, rid: str) -> float:
-    """Seconds from rank 0's launch wrapper starting to rank 0 logging its first step (UTC)."""
+    """Seconds from rank 0's agent starting to rank 0 logging its first step (UTC)."""
     launched = re.search(
-        r"^ddpfleet: (\S+) node_rank 0", run_file(sandbox, rid, "nodes/node1.log"), re.M
+        r"^ddpfleet agent: (\S+) node1: node_rank 0",
+        run_file(sandbox, rid, "nodes/node1.log"),
+        re.M,
     )
     first = re.search(
         r"^(\S+ \S+),(\d+) rank0 INFO step 1/", run_file(sandbox, rid, "logs/rank-0.log"), re.M
@@ -131,6 +125,13 @@ def synthetic(cluster: Any) -> tuple[str, PlaybookRun]:
     return rid, run
 
 
+def progress_lines(rid: str, out: str) -> list[tuple[int, int]]:
+    """(step, total) of every progress line train.yml/status.yml printed for the run."""
+    return [
+        (int(a), int(b)) for a, b in re.findall(rf"run {re.escape(rid)}: step (\d+)/(\d+)", out)
+    ]
+
+
 def test_synthetic_run_completes_on_every_node(cluster: Any, synthetic) -> None:
     rid, run = synthetic
     assert run.rc == 0, run.tail()
@@ -140,10 +141,19 @@ def test_synthetic_run_completes_on_every_node(cluster: Any, synthetic) -> None:
     assert data["steps"] == 8
     assert len(data["per_rank_images_per_sec"]) == len(cluster.nodes)
     for node in cluster.nodes:
-        code = json.loads(run_file(cluster, rid, f"nodes/{node.name}.exit"))["exit_code"]
-        assert code == 0, node.name
+        ended = json.loads(run_file(cluster, rid, f"nodes/{node.name}.exit"))
+        assert (ended["exit_code"], ended["outcome"]) == (0, "completed"), node.name
     assert containers(cluster, rid) == {}
+    assert progress(cluster, rid)["state"] == "ended"
     print(f"launch to first step: {launch_to_first_step(cluster, rid):.1f} s")
+
+
+def test_train_follows_the_run_with_progress_lines(synthetic) -> None:
+    rid, run = synthetic
+    lines = progress_lines(rid, run.stdout)
+    assert lines, run.tail()
+    assert all(total == 8 for _, total in lines)
+    assert [step for step, _ in lines] == sorted(step for step, _ in lines)
 
 
 def test_report_table_and_plot(cluster: Any, synthetic) -> None:
@@ -173,47 +183,60 @@ def test_status_of_a_completed_run(cluster: Any, synthetic) -> None:
     assert status.rc == 0, status.tail()
     assert f"run {rid}: completed" in status.stdout
     for node in cluster.nodes:
-        assert f"{node.name}: container absent; launcher exit code 0" in status.stdout
-    assert "summary: status completed, steps 8" in status.stdout
+        assert f"{node.name}: container absent; agent exit code 0 (completed)" in status.stdout
+    assert status.changed_hosts() == {}
 
 
-# --- failure, teardown, root cause and resume ------------------------------------------------
+# --- the controller gone, then a rank's container killed: the agents tear down alone ---------
 
 
 @pytest.fixture(scope="module")
 def killed(cluster: Any) -> dict:
     rid = run_id("kill")
     victim = cluster.nodes[1]
-    proc = start_train(cluster, rid, "-e", "train_max_steps=14", "-e", "train_checkpoint_every=2")
+    proc = start_train(cluster, rid, "-e", "train_max_steps=40", "-e", "train_checkpoint_every=2")
     try:
         wait_for_step(cluster, rid, 4, proc)
+        proc.kill()  # the controller dies mid-run (SIGKILL: nothing of it runs any more)
+        proc.wait(30)
+        time.sleep(2)
+        assert set(containers(cluster, rid)) == {n.name for n in cluster.nodes}
         kill = cluster.ssh(victim, f"docker kill ddpfleet-{rid}-{victim.name}")
         killed_at = time.monotonic()
         assert kill.returncode == 0, kill.stderr
         while containers(cluster, rid) and time.monotonic() - killed_at < 60:
             time.sleep(0.5)
         gone_s = time.monotonic() - killed_at
-        out, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
-    print(f"\nrank container killed -> every container of the run gone: {gone_s:.1f} s")
-    return {"rid": rid, "victim": victim, "gone_s": gone_s, "rc": proc.returncode, "out": out}
+    print(f"\nrank container killed, nobody following -> every container gone: {gone_s:.1f} s")
+    return {"rid": rid, "victim": victim, "gone_s": gone_s}
 
 
-def test_killed_rank_brings_every_container_down_within_15s(killed: dict) -> None:
+def test_killed_rank_brings_every_container_down_within_15s_with_nobody_following(
+    killed: dict,
+) -> None:
     assert killed["gone_s"] <= TEARDOWN_LIMIT_S
 
 
 def test_failure_names_the_host_and_rank(cluster: Any, killed: dict) -> None:
     victim = killed["victim"]
-    assert killed["rc"] != 0
-    cause = f"run {killed['rid']} failed: host {victim.name} rank 1: container was killed"
-    assert cause in killed["out"], killed["out"][-3000:]
-    failure = summary(cluster, killed["rid"])["failure"]
-    assert summary(cluster, killed["rid"])["status"] == "failed"
-    assert (failure["host"], failure["rank"], failure["exit_code"]) == (victim.name, 1, 137)
-    assert failure["log_tail"]
+    data = summary(cluster, killed["rid"])
+    assert data["status"] == "failed"
+    assert (data["failure"]["host"], data["failure"]["rank"]) == (victim.name, 1), data["failure"]
+    assert data["cause"].startswith(f"run {killed['rid']} failed: host {victim.name} rank 1: ")
+    for node in cluster.nodes:
+        if node != victim:  # the killed host's agent died with its container
+            ended = json.loads(run_file(cluster, killed["rid"], f"nodes/{node.name}.exit"))
+            assert ended["outcome"] == "failed", ended
+
+
+def test_status_reports_the_failure_nobody_followed(cluster: Any, killed: dict) -> None:
+    rid = killed["rid"]
+    status = run_site(cluster, "-e", f"run_id={rid}", playbook="status.yml")
+    assert f"run {rid}: failed" in status.stdout, status.tail()
+    assert f"run {rid} failed: host {killed['victim'].name} rank 1" in status.stdout
 
 
 def test_rerun_of_a_failed_run_resumes_from_the_checkpoint(cluster: Any, killed: dict) -> None:
@@ -227,23 +250,42 @@ def test_rerun_of_a_failed_run_resumes_from_the_checkpoint(cluster: Any, killed:
     assert data["resumed_from_step"] >= 2
 
 
-# --- ImageFolder data on the shared storage ----------------------------------------------
+# --- ImageFolder data on the shared storage, with a validation split that takes a while -------
+
+HB_TIMEOUT = 5  # the smallest heartbeat timeout train.yml accepts
 
 
-@pytest.fixture(scope="module")
-def dataset(cluster: Any) -> str:
+def make_dataset(cluster: Any, name: str, *args: str) -> str:
     """A JPEG ImageFolder data set on the shared storage, written by the training image."""
-    name = f"e2e-{STAMP}"
     image = cluster.ssh(cluster.nodes[0], "cat /etc/ddpfleet/trainer_image").stdout.strip()
     made = cluster.ssh(
         cluster.nodes[0],
         f"docker run --rm --user 2000:2000 --network none -v {SHARED}:{SHARED} "
         f"--entrypoint python {image} -m trainer.make_dataset --out {SHARED}/datasets/{name} "
-        "--classes 4 --train-per-class 12 --val-per-class 4 --size 48",
+        + " ".join(args),
         timeout=300,
     )
     assert made.returncode == 0, made.stdout + made.stderr
     return name
+
+
+@pytest.fixture(scope="module")
+def dataset(cluster: Any) -> str:
+    return make_dataset(cluster, f"e2e-{STAMP}", "--classes 4 --train-per-class 12",
+                        "--val-per-class 4 --size 48")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def long_val(cluster: Any) -> str:
+    """Few training images, many validation images: validation outlasts HB_TIMEOUT."""
+    return make_dataset(cluster, f"e2e-{STAMP}-val", "--classes 4 --train-per-class 12",
+                        "--val-per-class 350 --size 128")  # fmt: skip
+
+
+# 4 training steps an epoch (48 images / (4 x 3 ranks)); ~470 validation images per rank at
+# 160 px: about 20 s on the 2-core VM, long enough for stop.yml to arrive during it.
+LONG_VAL = ["-e", "train_synthetic=false", "-e", "train_batch_size=4", "-e", "train_image_size=160",
+            "-e", "train_max_steps=0", "-e", f"train_heartbeat_timeout={HB_TIMEOUT}"]  # fmt: skip
 
 
 def test_imagefolder_run_on_shared_storage(cluster: Any, dataset: str) -> None:
@@ -260,42 +302,54 @@ def test_imagefolder_run_on_shared_storage(cluster: Any, dataset: str) -> None:
     assert data["final_accuracy"] is not None
 
 
-# --- stop: status while running, refusal, stop, resume ------------------------------------
+def validation_seconds(cluster: Any, rid: str) -> float:
+    """From rank 0's last training step of epoch 0 to its validation result."""
+    log = run_file(cluster, rid, "logs/rank-0.log")
+    stamps = [time.mktime(time.strptime(m, "%Y-%m-%d %H:%M:%S")) for m in
+              re.findall(r"^(\S+ \S+),\d+ rank0 INFO (?:step 4/|epoch 0 validation)",
+                         log, re.M)]  # fmt: skip
+    assert len(stamps) >= 2, log[-2000:]
+    return stamps[-1] - stamps[0]
 
-STOP_STEPS = 100  # long enough that status.yml and the refused train.yml run before it ends
+
+def test_validation_longer_than_the_heartbeat_timeout_is_no_stall(
+    cluster: Any, long_val: str
+) -> None:
+    rid = run_id("longval")
+    run = train(cluster, rid, *LONG_VAL, "-e", f"train_data_dir={long_val}", "-e", "train_epochs=1")
+    assert run.rc == 0, run.tail()
+    assert summary(cluster, rid)["status"] == "completed"
+    took = validation_seconds(cluster, rid)
+    print(f"\nvalidation pass: {took:.0f} s with a heartbeat timeout of {HB_TIMEOUT} s")
+    assert took > HB_TIMEOUT  # otherwise this run proves nothing: make the split bigger
 
 
-def stoppable(dataset: str) -> list[str]:
-    """ImageFolder with loader workers: torchrun's SIGTERM reaches each rank's process group."""
-    return [
-        "-e", f"train_max_steps={STOP_STEPS}", "-e", "train_checkpoint_every=0",
-        "-e", "train_synthetic=false", "-e", f"train_data_dir={dataset}",
-        "-e", "train_batch_size=4", "-e", "train_workers=1",
-    ]  # fmt: skip
+# --- stop during validation, attach, resume ---------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def stopped(cluster: Any, dataset: str) -> dict:
+def stopped(cluster: Any, long_val: str) -> dict:
     rid = run_id("stop")
-    proc = start_train(cluster, rid, *stoppable(dataset))
+    args = [*LONG_VAL, "-e", f"train_data_dir={long_val}", "-e", "train_epochs=2",
+            "-e", "train_checkpoint_every=0", "-e", "train_workers=1"]  # fmt: skip
+    proc = start_train(cluster, rid, *args)
+    attached = None
     try:
-        wait_for_step(cluster, rid, 3, proc)
+        wait_for_step(cluster, rid, 1, proc)
         status = run_site(cluster, "-e", f"run_id={rid}", playbook="status.yml")
-        refused = train(cluster, rid)
+        attached = start_train(cluster, rid)
+        at = wait_for(cluster, rid, proc, step=4, phase="validate")
         stop = run_site(cluster, "-e", f"run_id={rid}", playbook="stop.yml")
         out, _ = proc.communicate(timeout=300)
+        attached_out, _ = attached.communicate(timeout=300)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    print(f"\nstop.yml: {stop.wall_s:.1f} s")
-    return {
-        "rid": rid,
-        "status": status,
-        "refused": refused,
-        "stop": stop,
-        "train_rc": proc.returncode,
-        "train_out": out,
-    }
+        for p in (proc, attached):
+            if p is not None and p.poll() is None:
+                p.kill()
+    print(f"\nstop.yml during validation (step {at.get('step')}): {stop.wall_s:.1f} s")
+    return {"rid": rid, "status": status, "stop": stop, "train_rc": proc.returncode,
+            "train_out": out, "attached_rc": attached.returncode, "attached_out": attached_out,
+            "args": args}  # fmt: skip
 
 
 def test_status_of_a_running_run(stopped: dict, cluster: Any) -> None:
@@ -304,38 +358,73 @@ def test_status_of_a_running_run(stopped: dict, cluster: Any) -> None:
     assert f"run {stopped['rid']}: running" in status.stdout
     for node in cluster.nodes:
         assert f"{node.name}: container running" in status.stdout
-    assert re.search(r"rank 2: step \d+, heartbeat [\d.]+ s ago", status.stdout)
+    assert progress_lines(stopped["rid"], status.stdout), status.tail()
 
 
-def test_train_refuses_a_running_run(stopped: dict) -> None:
-    refused = stopped["refused"]
-    assert refused.rc != 0
-    assert f"run {stopped['rid']} is already running on node1, node2, node3" in refused.stdout
+def test_train_attaches_to_a_running_run(stopped: dict) -> None:
+    out = stopped["attached_out"]
+    assert f"run {stopped['rid']} is running; following it" in out, out[-3000:]
+    assert "Start the run's container" not in out
+    assert stopped["attached_rc"] == 0, out[-3000:]
+    assert f"run {stopped['rid']} was stopped" in out
 
 
-def test_stop_checkpoints_and_marks_the_run_stopped(stopped: dict, cluster: Any) -> None:
+def test_stop_during_validation_keeps_the_trainers_checkpoint(stopped: dict, cluster: Any) -> None:
     stop = stopped["stop"]
     assert stop.rc == 0, stop.tail()
     data = summary(cluster, stopped["rid"])
     assert data["status"] == "stopped"
-    assert "stopped (as recorded by the trainer)" in stop.stdout, stop.tail()  # not stop.yml's
+    assert "stopped (as recorded by the trainer)" in stop.stdout, stop.tail()  # not the agent's
+    assert data["steps"] == 4  # the stop came during epoch 0's validation
     ckpts = cluster.ssh(cluster.nodes[0], f"ls {SHARED}/runs/{stopped['rid']}/checkpoints")
-    assert re.search(r"step-\d+\.pt", ckpts.stdout), ckpts.stdout
+    assert re.search(r"^step-0*4\.pt$", ckpts.stdout, re.M), ckpts.stdout
     assert containers(cluster, stopped["rid"]) == {}
     assert stopped["train_rc"] == 0, stopped["train_out"][-3000:]
     assert f"run {stopped['rid']} was stopped" in stopped["train_out"]
 
 
-def test_train_resumes_a_stopped_run(stopped: dict, cluster: Any, dataset: str) -> None:
+def test_train_printed_progress_while_the_run_went(stopped: dict) -> None:
+    steps = [step for step, _ in progress_lines(stopped["rid"], stopped["train_out"])]
+    assert len(steps) >= 2, stopped["train_out"][-3000:]
+    assert steps == sorted(steps)
+
+
+def test_train_resumes_a_stopped_run(stopped: dict, cluster: Any) -> None:
     rid = stopped["rid"]
-    before = summary(cluster, rid)["steps"]
-    run = train(cluster, rid, *stoppable(dataset))
+    run = train(cluster, rid, *stopped["args"])
     assert run.rc == 0, run.tail()
     assert f"resuming run {rid}" in run.stdout
     data = summary(cluster, rid)
     assert data["status"] == "completed"
-    assert data["resumed_from_step"] == before
-    assert data["steps"] == STOP_STEPS
+    assert data["resumed_from_step"] == 4
+    assert data["steps"] == 8
+
+
+# --- train_follow=false --------------------------------------------------------------------
+
+
+def test_no_follow_returns_at_once_and_status_reports_the_run_later(cluster: Any) -> None:
+    rid = run_id("nofollow")
+    run = train(cluster, rid, "-e", "train_follow=false", "-e", "train_max_steps=30")
+    assert run.rc == 0, run.tail()
+    assert f"run {rid} launched; follow it with status.yml -e run_id={rid}" in run.stdout
+    running = containers(cluster, rid)  # train.yml returned while the run goes on
+    assert set(running) == {n.name for n in cluster.nodes}
+    print(f"\ntrain.yml -e train_follow=false: {run.wall_s:.1f} s including preflight")
+    assert run.wall_s < 120
+    deadline = time.monotonic() + 300
+    while progress(cluster, rid).get("state") != "ended" or containers(cluster, rid):
+        assert time.monotonic() < deadline, progress(cluster, rid)
+        time.sleep(2)
+    first = run_site(cluster, "-e", f"run_id={rid}", playbook="status.yml")
+    assert first.rc == 0, first.tail()
+    assert f"run {rid}: completed" in first.stdout
+    assert re.search(r"^\s*\"?\s*total\s+\d+\.\d", first.stdout, re.M), first.tail()
+    head = cluster.ssh(cluster.nodes[0], f"head -c 8 {SHARED}/runs/{rid}/report.png | od -An -c")
+    assert "P   N   G" in head.stdout
+    again = run_site(cluster, "-e", f"run_id={rid}", playbook="status.yml")
+    assert again.rc == 0, again.tail()
+    assert again.changed_hosts() == {}
 
 
 # --- bad input: one line, nothing started -------------------------------------------------------

@@ -1,0 +1,141 @@
+"""Faults the run agents survive on their own, caused for real in the sandbox.
+
+- a node cut off from its peers (DROP rules for the other nodes' addresses in the node's own
+  netfilter tables, where the run container's host network lives; the test's SSH from the
+  gateway still reaches it): the other hosts' containers are gone within
+  train_peer_timeout + 15 s, the cause names that host, and the cut-off node's agent ends its
+  own container. (`docker network disconnect` cuts it off too, but the reconnected node comes
+  back with eth1 instead of eth0, which GLOO_SOCKET_IFNAME names.)
+- one rank frozen with SIGSTOP: that rank and host are named (not a peer waiting for it in
+  the all-reduce), and every container is gone within the heartbeat timeout + 15 s.
+Both runs are followed by nobody (train_follow=false): the agents do it all.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from test_30_train import (
+    containers,
+    progress,
+    run_id,
+    summary,
+    train,
+    wait_for,
+)
+
+PEER_TIMEOUT = 10
+HB_TIMEOUT = 10
+LIMIT = 15
+
+
+def launch(cluster: Any, rid: str, *args: str) -> None:
+    run = train(cluster, rid, "-e", "train_follow=false", "-e", "train_max_steps=400", *args)
+    assert run.rc == 0, run.tail()
+    wait_for(cluster, rid, None, step=3)
+
+
+def wait_gone(cluster: Any, rid: str, nodes: list[Any], limit: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit + 45:
+        left = {n: c for n, c in containers_on(cluster, rid, nodes).items() if c}
+        if not left:
+            return time.monotonic() - t0
+        time.sleep(0.5)
+    pytest.fail(f"containers of {rid} still there after {limit + 45:.0f}s: {left}")
+
+
+def containers_on(cluster: Any, rid: str, nodes: list[Any]) -> dict[str, list[str]]:
+    found = {}
+    for node in nodes:
+        proc = cluster.ssh(node, f"docker ps -aq --filter label=io.ddpfleet.run_id={rid}")
+        assert proc.returncode == 0, proc.stderr
+        found[node.name] = proc.stdout.split()
+    return found
+
+
+def drop_peers(cluster: Any, victim: Any, action: str) -> None:
+    """Insert (-I) or delete (-D) DROP rules between victim and every other node."""
+    rules = []
+    for peer in cluster.nodes:
+        if peer != victim:
+            rules += [f"iptables {action} INPUT -s {peer.ip} -j DROP",
+                      f"iptables {action} OUTPUT -d {peer.ip} -j DROP"]  # fmt: skip
+    done = cluster.ssh(victim, " && ".join(rules))
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture(scope="module")
+def cut_off(cluster: Any) -> dict:
+    rid = run_id("netcut")
+    victim = cluster.nodes[2]
+    launch(cluster, rid, "-e", f"train_peer_timeout={PEER_TIMEOUT}")
+    drop_peers(cluster, victim, "-I")
+    try:
+        gone = wait_gone(cluster, rid, cluster.nodes[:2], PEER_TIMEOUT + LIMIT)
+        print(f"\nnode cut off -> the other hosts' containers gone: {gone:.1f} s")
+        deadline = time.monotonic() + 60  # the cut-off node's agent ends its own container too
+        while containers_on(cluster, rid, [victim])[victim.name] and time.monotonic() < deadline:
+            time.sleep(1)
+    finally:
+        drop_peers(cluster, victim, "-D")
+    return {"rid": rid, "victim": victim, "gone_s": gone}
+
+
+def test_cut_off_node_brings_the_others_down_within_peer_timeout(cut_off: dict) -> None:
+    assert cut_off["gone_s"] <= PEER_TIMEOUT + LIMIT
+
+
+def test_cut_off_node_is_named_as_the_cause(cluster: Any, cut_off: dict) -> None:
+    data = summary(cluster, cut_off["rid"])
+    assert data["status"] == "failed"
+    assert data["failure"]["host"] == cut_off["victim"].name, data["failure"]
+    assert "keepalive" in data["failure"]["reason"]
+
+
+def test_cut_off_node_ends_its_own_container(cluster: Any, cut_off: dict) -> None:
+    victim = cut_off["victim"]
+    assert containers_on(cluster, cut_off["rid"], [victim])[victim.name] == []
+
+
+def rank_pid(cluster: Any, rid: str, node: Any, rank: int) -> int:
+    """The rank's pid inside its container, from the heartbeat the agent reads there."""
+    name = f"ddpfleet-{rid}-{node.name}"
+    proc = cluster.ssh(
+        node, f"docker exec {name} sh -c 'cat /tmp/ddpfleet-heartbeat-*/rank-{rank}.json'"
+    )
+    assert proc.returncode == 0, proc.stderr
+    return int(json.loads(proc.stdout)["pid"])
+
+
+@pytest.fixture(scope="module")
+def frozen(cluster: Any) -> dict:
+    rid = run_id("sigstop")
+    victim = cluster.nodes[1]
+    launch(cluster, rid, "-e", f"train_heartbeat_timeout={HB_TIMEOUT}")
+    pid = rank_pid(cluster, rid, victim, 1)
+    stop = cluster.ssh(victim, f"docker exec ddpfleet-{rid}-{victim.name} kill -STOP {pid}")
+    assert stop.returncode == 0, stop.stderr
+    gone = wait_gone(cluster, rid, cluster.nodes, HB_TIMEOUT + LIMIT)
+    print(f"\nrank frozen (SIGSTOP) -> every container gone: {gone:.1f} s")
+    return {"rid": rid, "victim": victim, "gone_s": gone}
+
+
+def test_frozen_rank_is_named_not_a_peer(cluster: Any, frozen: dict) -> None:
+    data = summary(cluster, frozen["rid"])
+    assert data["status"] == "failed"
+    assert (data["failure"]["host"], data["failure"]["rank"]) == (frozen["victim"].name, 1), data
+    assert "frozen" in data["failure"]["reason"]
+
+
+def test_frozen_rank_teardown_within_heartbeat_timeout(frozen: dict) -> None:
+    assert frozen["gone_s"] <= HB_TIMEOUT + LIMIT
+
+
+def test_no_container_left_after_the_faults(cluster: Any, cut_off: dict, frozen: dict) -> None:
+    for rid in (cut_off["rid"], frozen["rid"]):
+        assert containers(cluster, rid) == {}
+        assert progress(cluster, rid).get("state") == "ended"

@@ -1,0 +1,43 @@
+"""``cluster``: the provisioned sandbox for the training-run modules, and their run names.
+
+Imported into conftest.py (like ``provisioned``), so test_30_train and test_35_faults share
+one fixture; after each module it removes this session's containers, runs and data sets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import pytest
+
+SHARED = "/mnt/ddpfleet"
+STAMP = time.strftime("%H%M%S")
+# Short runs: 3 ranks share 2 cores. Each rank logs every step so progress is visible.
+FAST = ["-e", "train_log_every=1", "-e", "train_omp_num_threads=1", "-e", "train_workers=0"]
+
+
+def run_id(name: str) -> str:
+    return f"e2e-{STAMP}-{name}"
+
+
+@pytest.fixture(scope="module")
+def cluster(request: pytest.FixtureRequest, sandbox: Any) -> Any:
+    """The provisioned sandbox (site.yml applied once; the lead's `provisioned` fixture)."""
+    # Without the shared fixture, test_20_site (file order) ran site.yml before this module.
+    with contextlib.suppress(pytest.FixtureLookupError):
+        request.getfixturevalue("provisioned")
+    probe = sandbox.ssh(sandbox.nodes[0], "cat /etc/ddpfleet/trainer_image")
+    assert probe.returncode == 0, "site.yml has not provisioned the sandbox: " + probe.stderr
+    yield sandbox
+    for node in sandbox.nodes:  # our containers only (label io.ddpfleet.run_id=e2e-<stamp>-*)
+        sandbox.ssh(
+            node,
+            "docker ps -aq --filter label=io.ddpfleet.run_id | xargs -r docker inspect "
+            "--format '{{.Name}} {{index .Config.Labels \"io.ddpfleet.run_id\"}}' "
+            f"| awk '$2 ~ /^e2e-{STAMP}-/ {{print $1}}' | xargs -r docker rm -f",
+        )
+    sandbox.ssh(
+        sandbox.nodes[0], f"rm -rf {SHARED}/runs/e2e-{STAMP}-* {SHARED}/datasets/e2e-{STAMP}*"
+    )
