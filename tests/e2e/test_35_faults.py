@@ -117,7 +117,8 @@ def frozen(cluster: Any) -> dict:
     victim = cluster.nodes[1]
     launch(cluster, rid, "-e", f"train_heartbeat_timeout={HB_TIMEOUT}")
     pid = rank_pid(cluster, rid, victim, 1)
-    stop = cluster.ssh(victim, f"docker exec ddpfleet-{rid}-{victim.name} kill -STOP {pid}")
+    freeze = f"import os, signal; os.kill({pid}, signal.SIGSTOP)"  # the image has no kill(1)
+    stop = cluster.ssh(victim, f"docker exec ddpfleet-{rid}-{victim.name} python -c '{freeze}'")
     assert stop.returncode == 0, stop.stderr
     gone = wait_gone(cluster, rid, cluster.nodes, HB_TIMEOUT + LIMIT)
     print(f"\nrank frozen (SIGSTOP) -> every container gone: {gone:.1f} s")

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import threading
 import time
+from collections.abc import Callable
 
 from torch.distributed import TCPStore
 
@@ -29,6 +31,31 @@ class Peers:
         self.views: dict[int, dict] = {}
         self.exits: dict[int, dict] = {}
         self.started = time.time()
+        self._broken = ""
+
+    def _guarded(self, fn: Callable[[], object]) -> object:
+        """Run fn on a daemon thread, waiting at most peer_timeout: a peer cut off by dropped
+        packets leaves a socket read blocked far longer than the store's own timeout (and a
+        daemon thread left blocked does not keep the agent from exiting)."""
+        if self._broken:
+            raise StoreLost(self._broken)
+        box: dict[str, object] = {}
+
+        def call() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # handed to the caller's thread below
+                box["error"] = exc
+
+        worker = threading.Thread(target=call, daemon=True, name="store")
+        worker.start()
+        worker.join(self.cfg.peer_timeout)
+        if worker.is_alive():
+            self._broken = f"no answer from the store for {self.cfg.peer_timeout:.0f}s"
+            raise StoreLost(self._broken)
+        if "error" in box:
+            raise box["error"]  # type: ignore[misc]
+        return box.get("value")
 
     def connect(self) -> None:
         timeout = datetime.timedelta(seconds=self.cfg.peer_timeout)
@@ -65,6 +92,9 @@ class Peers:
 
     def exchange(self, record: dict) -> tuple[dict | None, dict | None]:
         """Publish this host's record and keepalive; read every host's. Returns (failure, stop)."""
+        return self._guarded(lambda: self._exchange(record))  # type: ignore[return-value]
+
+    def _exchange(self, record: dict) -> tuple[dict | None, dict | None]:
         assert self.store is not None
         me = self.cfg.node_rank
         self._call(self.store.set, f"ranks/{me}", json.dumps(record))
@@ -99,7 +129,7 @@ class Peers:
         """Put failure into the store unless one is there; returns the one that counts."""
         assert self.store is not None
         mine = json.dumps(failure, sort_keys=True)
-        won = self._call(self.store.compare_set, "failure", "", mine)
+        won = self._guarded(lambda: self._call(self.store.compare_set, "failure", "", mine))
         try:
             return json.loads(won)
         except ValueError:
@@ -108,11 +138,12 @@ class Peers:
     def request_stop(self, by: str) -> None:
         assert self.store is not None
         stop = json.dumps({"by": by, "time": time.time()})
-        self._call(self.store.compare_set, "stop", "", stop)
+        self._guarded(lambda: self._call(self.store.compare_set, "stop", "", stop))
 
     def report_exit(self, record: dict) -> None:
         assert self.store is not None
-        self._call(self.store.set, f"exit/{self.cfg.node_rank}", json.dumps(record))
+        key, value = f"exit/{self.cfg.node_rank}", json.dumps(record)
+        self._guarded(lambda: self._call(self.store.set, key, value))
 
     def all_exited(self) -> bool:
         return all(node in self.exits or node == self.cfg.node_rank for node in range(self.n))

@@ -132,3 +132,23 @@ def test_parse_args_checks_host_and_rank():
         except BadAgentInput:
             continue
         raise AssertionError(bad)
+
+
+def test_store_that_stops_answering_counts_as_its_host_failing(cluster):
+    # node rank 0's agent frozen: the store's socket stays open but answers nothing (as when
+    # a DROP rule cuts the host off); the other agent must not wait for TCP to give up.
+    c = cluster(2, **{"peer-timeout": 4})
+    c.start({0: "run:120", 1: "run:120"})
+    c.rank_pid(1)
+    os.kill(c.procs[0].pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        c.procs[1].wait(4 + 20)
+        took = time.monotonic() - t0
+    finally:
+        os.kill(c.procs[0].pid, signal.SIGCONT)
+    assert took < 4 + 20
+    ended = c.json("nodes/h1.exit")
+    assert ended["outcome"] == "failed"
+    assert ended["failure"]["host"] == "h0", ended
+    assert "no answer from the store" in ended["failure"]["reason"]
