@@ -279,11 +279,12 @@ def dataset(cluster: Any) -> str:
 def long_val(cluster: Any) -> str:
     """Few training images, many validation images: validation outlasts HB_TIMEOUT."""
     return make_dataset(cluster, f"e2e-{STAMP}-val", "--classes 4 --train-per-class 12",
-                        "--val-per-class 350 --size 128")  # fmt: skip
+                        "--val-per-class 500 --size 128")  # fmt: skip
 
 
-# 4 training steps an epoch (48 images / (4 x 3 ranks)); ~470 validation images per rank at
-# 160 px: about 20 s on the 2-core VM, long enough for stop.yml to arrive during it.
+# 4 training steps an epoch (48 images / (4 x 3 ranks)); ~670 validation images per rank at
+# 160 px: ~20 s on the 2-core EPYC VM (350 per class took 15 s), long enough for stop.yml to
+# arrive during it on a faster CPU too.
 LONG_VAL = ["-e", "train_synthetic=false", "-e", "train_batch_size=4", "-e", "train_image_size=160",
             "-e", "train_max_steps=0", "-e", f"train_heartbeat_timeout={HB_TIMEOUT}"]  # fmt: skip
 
