@@ -1,0 +1,38 @@
+"""train.yml's input validation, run for real against the sample inventory: a bad run_id is
+refused in one line before any host is contacted (the sample's hosts do not exist)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def train(extra: dict) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
+    playbook = Path(sys.executable).with_name("ansible-playbook")
+    return subprocess.run(
+        [str(playbook), "-i", "inventory/sample/hosts.yml", "train.yml", "-e", json.dumps(extra)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("run_id", ["abc\n", "abc\nx", "bad/id", "..", "", "a" * 65, "../../etc"])
+def test_bad_run_id_is_refused_before_any_host_is_contacted(run_id: str) -> None:
+    proc = train({"run_id": run_id, "train_synthetic": True})
+    assert proc.returncode != 0
+    assert f"invalid run_id {json.dumps(run_id)}" in proc.stdout, proc.stdout[-2000:]
+    assert "UNREACHABLE" not in proc.stdout
+
+
+def test_good_run_id_passes_the_check() -> None:
+    # the typo guard, the next check, stops it: still no host contacted
+    proc = train({"run_id": "r-42_a.b", "train_synthetic": True, "train_bogus": 1})
+    assert "invalid run_id" not in proc.stdout
+    assert "unknown train option(s) train_bogus" in proc.stdout, proc.stdout[-2000:]
