@@ -36,3 +36,19 @@ def test_good_run_id_passes_the_check() -> None:
     proc = train({"run_id": "r-42_a.b", "train_synthetic": True, "train_bogus": 1})
     assert "invalid run_id" not in proc.stdout
     assert "unknown train option(s) train_bogus" in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize("data_dir", ["../../../etc", "a/../../..", "/etc", "/mnt/ddpfleet/../etc"])
+def test_data_dir_outside_shared_storage_is_refused(data_dir: str) -> None:
+    proc = train({"run_id": "r1", "train_data_dir": data_dir})
+    assert proc.returncode != 0
+    assert f"train_data_dir {data_dir} is not on shared storage (/mnt/ddpfleet)" in proc.stdout, (
+        proc.stdout[-2000:]
+    )
+
+
+@pytest.mark.parametrize("data_dir", ["imagenet/../imagenet-mini", "/mnt/ddpfleet/datasets/x"])
+def test_data_dir_on_shared_storage_passes_the_check(data_dir: str) -> None:
+    proc = train({"run_id": "r1", "train_data_dir": data_dir, "train_bogus": 1})
+    assert "is not on shared storage" not in proc.stdout
+    assert "unknown train option(s) train_bogus" in proc.stdout, proc.stdout[-2000:]
