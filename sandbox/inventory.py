@@ -41,6 +41,10 @@ def hosts_yaml(settings: Settings) -> str:
         "  vars:",
         "    ansible_user: root",
         f"    ansible_ssh_private_key_file: {settings.key_path}",
+        # The nodes are throwaway containers with fresh host keys on every `up`, reached on
+        # a private Docker network: only this generated inventory skips host-key checks
+        # (ansible.cfg keeps them on for every other inventory).
+        "    ansible_host_key_checking: false",
         "    ansible_ssh_common_args: >-",
         "      -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
         "    ansible_python_interpreter: /usr/bin/python3",
