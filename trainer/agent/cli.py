@@ -30,6 +30,8 @@ class AgentConfig:
     max_runtime: float = 0.0
     attempt: str = ""
     log_tail_lines: int = 20
+    program: str = ""  # a user's program: node rank 0 writes summary.json for it at the end
+    world_size: int = 0
     tick: float = 0.5  # seconds between supervision rounds
     settle: float = 2.0  # seconds to watch the peers before naming the cause of an exit
 
@@ -63,6 +65,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-runtime", type=float, default=0.0, help="0: no limit")
     p.add_argument("--attempt", default="")
     p.add_argument("--log-tail-lines", type=int, default=20)
+    p.add_argument(
+        "--program",
+        default="",
+        help="the user program the command runs (not ddpfleet's trainer, which writes its own "
+        "summary.json): node rank 0 records status, wall time, exit codes and log tails for it",
+    )
+    p.add_argument("--world-size", type=int, default=0, help="recorded with --program")
     return p
 
 
@@ -104,4 +113,6 @@ def parse_args(argv: list[str]) -> AgentConfig:
         max_runtime=ns.max_runtime,
         attempt=ns.attempt,
         log_tail_lines=max(ns.log_tail_lines, 0),
+        program=ns.program,
+        world_size=max(ns.world_size, 0),
     )

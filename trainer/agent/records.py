@@ -165,3 +165,28 @@ class Records:
             write_json_atomic(path, summary)
 
         self.submit(job)
+
+    def write_program_summary(
+        self, run_id: str, attempt: str, outcome: str, facts: dict, tail_count: int
+    ) -> None:
+        """summary.json for a user's program (which writes none of ours): the outcome unless a
+        failure of this attempt is recorded, the facts (program, world size, times, each host's
+        exit) and each host's log tail. Keys the program wrote itself are kept; an earlier
+        attempt's failure is dropped."""
+
+        def job() -> None:
+            path = self.run_dir / "summary.json"
+            summary = read_json(path)
+            if summary.get("attempt") != attempt:
+                for stale in ("failure", "cause", "stopped_by", "stopped_at"):
+                    summary.pop(stale, None)
+            failed_here = summary.get("status") == "failed" and "failure" in summary
+            hosts = {
+                host: {**rec, "log_tail": tail_lines(self.nodes / f"{host}.log", tail_count)}
+                for host, rec in facts.pop("hosts").items()
+            }
+            summary.update(facts, run_id=run_id, attempt=attempt, hosts=hosts)
+            summary["status"] = "failed" if failed_here else outcome
+            write_json_atomic(path, summary)
+
+        self.submit(job)

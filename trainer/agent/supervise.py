@@ -260,6 +260,8 @@ class Agent:
             "step": step, "total_steps": total, "epoch": lead.get("epoch"),
             "phase": lead.get("phase"), "loss": lead.get("loss"),
             "images_per_sec": lead.get("images_per_sec"), "eta_sec": eta, "hosts": hosts,
+            "elapsed_sec": round(now - self.ranks.started, 1) if self.ranks.started else 0.0,
+            "program": cfg.program,
         }  # fmt: skip
 
     # --- the end ------------------------------------------------------------------------
@@ -284,6 +286,8 @@ class Agent:
         self._write_summary(outcome)
         if cfg.is_server and self.store_ok:
             self._wait_for_peers()
+        if cfg.is_server and cfg.program:
+            self._write_program_summary(outcome, exit_rec)
         if cfg.is_server:
             self.records.write_progress(self._progress_record(time.time(), "ended"))
         if not self.records.flush(30.0):
@@ -314,6 +318,24 @@ class Agent:
                     )
         elif outcome == "stopped" and cfg.is_server and self.escalated:
             self.records.write_stopped(cfg.attempt)
+
+    def _write_program_summary(self, outcome: str, mine: dict) -> None:
+        cfg = self.cfg
+        exits = {**self.peers.exits, cfg.node_rank: mine}
+        hosts = {
+            name: {
+                "exit_code": exits.get(node, {}).get("exit_code"),
+                "outcome": exits.get(node, {}).get("outcome", "no exit record"),
+            }
+            for node, name in enumerate(cfg.hosts)
+        }
+        started = self.ranks.started or time.time()
+        facts = {"program": cfg.program, "world_size": cfg.world_size, "hosts": hosts,
+                 "started_at": started, "ended_at": mine["time"],
+                 "wall_time_sec": round(mine["time"] - started, 1)}  # fmt: skip
+        self.records.write_program_summary(
+            cfg.run_id, cfg.attempt, outcome, facts, cfg.log_tail_lines
+        )
 
     def _wait_for_peers(self) -> None:
         """Serve the store until every other agent reported its exit, up to peer_timeout. Hosts

@@ -1,0 +1,104 @@
+"""Live progress and stall detection for your own program under ddpfleet's run agent.
+
+Standard library only: train.yml puts this file on the PYTHONPATH of a user program
+(``import ddpfleet_heartbeat``); copy it into your project to use it elsewhere. Outside a
+ddpfleet run ($DDPFLEET_HEARTBEAT_DIR unset) every call does nothing.
+
+    import ddpfleet_heartbeat as hb
+
+    beat = hb.start(total_steps=len(loader) * epochs)  # a thread writes about once a second
+    for step, batch in enumerate(loader, 1):
+        ...
+        beat.step(step, loss=loss.item(), images_per_sec=rate)  # no I/O
+    beat.phase("validate")  # a long phase without steps is progress too
+    beat.stop()  # phase "done"
+
+What the agent does with it: ``time`` older than train_heartbeat_timeout means the process is
+frozen (SIGSTOP, a dead GPU); ``progress_time`` older than that in phase "train" or
+"validate" means a hang (the lowest step is named). The file format, for writing it
+without this module: ``$DDPFLEET_HEARTBEAT_DIR/rank-<RANK>.json``, replaced atomically (write a
+temporary file in the same directory, then rename), a JSON object with ``rank`` (int, the
+global rank), ``time`` and ``progress_time`` (Unix seconds), and optionally ``step``,
+``total_steps``, ``epoch``, ``phase`` (start, train, validate, checkpoint or done), ``loss``
+and ``images_per_sec`` (shown in train.yml's progress lines and progress.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+DIR_ENV = "DDPFLEET_HEARTBEAT_DIR"
+
+
+class Beat:
+    """One rank's heartbeat file, rewritten by a daemon thread every ``period`` seconds."""
+
+    def __init__(self, directory: str | None, rank: int, total_steps: int, period: float):
+        self.path = None if not directory else os.path.join(directory, f"rank-{rank}.json")
+        self.period = period
+        now = time.time()
+        self._rec = {"rank": rank, "pid": os.getpid(), "time": now, "progress_time": now,
+                     "step": 0, "total_steps": total_steps, "epoch": 0, "phase": "train",
+                     "loss": None, "images_per_sec": None}  # fmt: skip
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def step(self, step: int, loss: float | None = None, images_per_sec: float | None = None,
+             epoch: int | None = None) -> None:  # fmt: skip
+        """A step finished: progress now (no I/O)."""
+        self._update(step=step, loss=loss, images_per_sec=images_per_sec, epoch=epoch)
+
+    def phase(self, name: str) -> None:
+        """Entering a phase (train, validate, checkpoint): progress now (no I/O)."""
+        self._update(phase=name)
+
+    def _update(self, **fields: object) -> None:
+        with self._lock:
+            self._rec.update({k: v for k, v in fields.items() if v is not None})
+            self._rec["progress_time"] = time.time()
+
+    def _write(self) -> None:
+        if self.path is None:
+            return
+        with self._lock:
+            rec = {**self._rec, "time": time.time()}
+        tmp = f"{self.path}.tmp-{os.getpid()}"
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(rec, fh)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # a full disk must not kill training: the agent notices a stale heartbeat
+
+    def _run(self) -> None:
+        while not self._done.wait(self.period):
+            self._write()
+
+    def start(self) -> Beat:
+        if self.path is not None and self._thread is None:
+            self._write()
+            self._thread = threading.Thread(
+                target=self._run, name="ddpfleet-heartbeat", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Write phase "done" and stop the thread."""
+        if self._thread is None:
+            return
+        self._done.set()
+        self._thread.join()
+        self._update(phase="done")
+        self._write()
+
+
+def start(total_steps: int = 0, rank: int | None = None, period: float = 1.0) -> Beat:
+    """Start this process's heartbeat (rank: $RANK from torchrun unless given)."""
+    if rank is None:
+        rank = int(os.environ.get("RANK", "0"))
+    return Beat(os.environ.get(DIR_ENV), rank, total_steps, period).start()
