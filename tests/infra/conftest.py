@@ -28,6 +28,7 @@ ROLE_DEFAULTS: dict[str, Any] = {
     "registry_username": "ddpfleet",
     "registry_smoke_repository": "ddpfleet/smoke",
     "registry_port": 5000,
+    "registry_cert_renew_days": 30,
 }
 
 _RENDERED: dict[tuple[str, str], Any] = {}

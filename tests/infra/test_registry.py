@@ -14,6 +14,7 @@ import pytest
 CONFIG = "/etc/docker/registry/config.yml"
 TRUST_STORE_CA = "/usr/local/share/ca-certificates/ddpfleet-ca.crt"
 DOCKER_CONFIG = "/root/.docker/config.json"
+TLS_CERT = "/etc/docker/registry/registry.crt"
 
 # GET /v2/ with the system trust store (no credentials); prints the HTTP status.
 PROBE = """python3 - <<'PY'
@@ -73,6 +74,38 @@ def test_htpasswd_uses_bcrypt(registry_host: Any, ansible_var: Callable[[str], A
     hashes = [e.split(":", 1)[1] for e in entries if e.startswith(f"{user}:")]
     assert hashes
     assert hashes[0].startswith(("$2y$", "$2b$", "$2a$"))
+
+
+def test_registry_certificate_outlives_the_renewal_window(
+    registry_host: Any, ansible_var: Callable[[str], Any]
+) -> None:
+    """site.yml re-issues it when fewer than registry_cert_renew_days (30) remain."""
+    days = int(ansible_var("registry_cert_renew_days"))
+    check = registry_host.run(
+        "openssl x509 -noout -enddate -checkend %s -in %s", str(days * 86400), TLS_CERT
+    )
+    assert check.rc == 0, f"{TLS_CERT} expires within {days} days: {check.stdout.strip()}"
+
+
+def test_served_certificate_is_the_installed_one(registry_host: Any, registry_address: str) -> None:
+    served = registry_host.run(
+        "openssl s_client -connect %s -servername %s </dev/null 2>/dev/null"
+        " | openssl x509 -noout -fingerprint -sha256",
+        registry_address, registry_address.rsplit(":", 1)[0],
+    )  # fmt: skip
+    installed = registry_host.run("openssl x509 -noout -fingerprint -sha256 -in %s", TLS_CERT)
+    assert served.rc == 0, served.stderr
+    assert served.stdout.strip() == installed.stdout.strip()
+
+
+def test_cluster_ca_outlives_the_renewal_window(
+    host: Any, ansible_var: Callable[[str], Any]
+) -> None:
+    days = int(ansible_var("registry_cert_renew_days"))
+    check = host.run(
+        "openssl x509 -noout -enddate -checkend %s -in %s", str(days * 86400), TRUST_STORE_CA
+    )
+    assert check.rc == 0, f"{TRUST_STORE_CA} expires within {days} days: {check.stdout.strip()}"
 
 
 def test_registry_answers_401_without_credentials(host: Any, registry_address: str) -> None:

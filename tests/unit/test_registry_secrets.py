@@ -1,0 +1,229 @@
+"""The registry's controller-side secrets and their installation, run for real on localhost:
+``--diff`` prints no key material, and a certificate close to expiry is re-issued.
+
+The role's own task files (secrets.yml, then configure.yml) run in a throwaway play whose
+paths all point into a temporary directory; handlers are stubs (no systemd here)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLE = ROOT / "roles" / "registry"
+RENEW_DAYS = 30
+
+
+def _play(tmp: Path) -> Path:
+    play = [
+        {
+            "name": "Registry secrets and configuration on localhost",
+            "hosts": "registry",
+            "gather_facts": False,
+            "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
+            "tasks": [
+                {"name": f"Run {name}", "ansible.builtin.include_tasks": str(ROLE / "tasks" / name)}
+                for name in ("secrets.yml", "configure.yml")
+            ],
+            "handlers": [
+                {"name": "Restart the registry", "ansible.builtin.debug": {"msg": "restart stub"}},
+            ],
+        }
+    ]  # fmt: skip
+    path = tmp / "play.yml"
+    path.write_text(json.dumps(play))
+    return path
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("registry")
+    (tmp / "etc").mkdir()
+    (tmp / "templates").symlink_to(ROLE / "templates")  # the template task's search path
+    (tmp / "hosts.yml").write_text(
+        json.dumps(
+            {
+                "all": {
+                    "children": {
+                        "registry": {
+                            "hosts": {
+                                "reg1": {
+                                    "ansible_connection": "local",
+                                    "ansible_python_interpreter": sys.executable,
+                                    "cluster_ip": "127.0.0.1",
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        )
+    )
+    _play(tmp)
+    return tmp
+
+
+def run(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    etc = workdir / "etc"
+    group = "root" if os.geteuid() == 0 else str(os.getegid())
+    extra = {
+        "ddpfleet_secrets_dir": str(workdir / "secrets"),
+        "cluster_domain": "cluster.internal",
+        "registry_port": 5000,
+        "_registry_config_dir": str(etc),
+        "_registry_config": str(etc / "config.yml"),
+        "_registry_tls_cert": str(etc / "registry.crt"),
+        "_registry_tls_key": str(etc / "registry.key"),
+        "_registry_htpasswd": str(etc / "htpasswd"),
+        "_registry_user": group,
+        "_registry_systemd_dir": str(etc / "systemd"),
+        "registry_storage_dir": str(workdir / "storage"),
+    }
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
+    playbook = Path(sys.executable).with_name("ansible-playbook")
+    return subprocess.run(
+        [str(playbook), "-i", str(workdir / "hosts.yml"), str(workdir / "play.yml"),
+         "-e", json.dumps(extra), *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def _not_after(path: Path) -> dt.datetime:
+    return x509.load_pem_x509_certificate(path.read_bytes()).not_valid_after_utc
+
+
+def _sign_short_lived(secrets: Path, days: int) -> None:
+    """Replace registry.crt by one for the same key and names that expires in ``days``."""
+    ca_cert = x509.load_pem_x509_certificate((secrets / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((secrets / "ca.key").read_bytes(), None)
+    old = x509.load_pem_x509_certificate((secrets / "registry.crt").read_bytes())
+    now = dt.datetime.now(dt.timezone.utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(old.subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(old.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(days=1))
+        .not_valid_after(now + dt.timedelta(days=days))
+    )
+    for ext in old.extensions:
+        builder = builder.add_extension(ext.value, ext.critical)
+    cert = builder.sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    (secrets / "registry.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+@pytest.fixture(scope="module")
+def first_run(workdir: Path) -> subprocess.CompletedProcess[str]:
+    return run(workdir, "--diff")
+
+
+def test_first_run_succeeds(first_run: subprocess.CompletedProcess[str]) -> None:
+    assert first_run.returncode == 0, first_run.stdout[-3000:] + first_run.stderr[-2000:]
+
+
+def test_diff_shows_no_key_or_password_material(
+    first_run: subprocess.CompletedProcess[str], workdir: Path
+) -> None:
+    assert first_run.returncode == 0, first_run.stdout[-3000:]
+    out = first_run.stdout + first_run.stderr
+    password = (workdir / "secrets" / "registry_password").read_text().strip()
+    htpasswd = (workdir / "etc" / "htpasswd").read_text().strip()
+    assert "PRIVATE KEY" not in out
+    assert password not in out
+    assert htpasswd.split(":", 1)[1] not in out
+    for bcrypt in ("$2y$", "$2b$", "$2a$"):
+        assert bcrypt not in out
+    # The diff is still shown where nothing secret is handled (the registry's config).
+    assert "config.yml" in out
+
+
+def test_installed_key_and_htpasswd_match_the_controller(
+    first_run: subprocess.CompletedProcess[str], workdir: Path
+) -> None:
+    assert first_run.returncode == 0
+    secrets, etc = workdir / "secrets", workdir / "etc"
+    assert (etc / "registry.key").read_bytes() == (secrets / "registry.key").read_bytes()
+    assert (etc / "htpasswd").read_bytes() == (secrets / "registry.htpasswd").read_bytes()
+
+
+def test_a_certificate_with_time_left_is_kept(
+    first_run: subprocess.CompletedProcess[str], workdir: Path
+) -> None:
+    assert first_run.returncode == 0
+    secrets = workdir / "secrets"
+    _sign_short_lived(secrets, RENEW_DAYS + 30)
+    kept = (secrets / "registry.crt").read_bytes()
+    proc = run(workdir)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert (secrets / "registry.crt").read_bytes() == kept
+
+
+def test_a_certificate_close_to_expiry_is_reissued_and_installed(
+    first_run: subprocess.CompletedProcess[str], workdir: Path
+) -> None:
+    assert first_run.returncode == 0
+    secrets, etc = workdir / "secrets", workdir / "etc"
+    _sign_short_lived(secrets, RENEW_DAYS - 20)
+    proc = run(workdir)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    now = dt.datetime.now(dt.timezone.utc)
+    assert _not_after(secrets / "registry.crt") > now + dt.timedelta(days=RENEW_DAYS + 700)
+    assert (etc / "registry.crt").read_bytes() == (secrets / "registry.crt").read_bytes()
+    assert "restart stub" in proc.stdout
+
+
+SECRET_MODULES = {
+    "community.crypto.openssl_privatekey",
+    "community.general.htpasswd",
+    "community.docker.docker_login",
+}
+SECRET_NAMES = (
+    "registry_password",
+    "_registry_secrets.key",
+    "_registry_secrets.ca_key",
+    "_registry_secrets.htpasswd",
+    "_registry_tls_key",
+    "_registry_htpasswd",
+)
+
+
+def _tasks(items: list[dict]) -> list[dict]:
+    found = []
+    for item in items or []:
+        for section in ("block", "rescue", "always"):
+            found += _tasks(item.get(section, []))
+        if not {"block", "rescue", "always"} & set(item):
+            found.append(item)
+    return found
+
+
+def _secret_tasks() -> list[tuple[str, dict]]:
+    tasks = []
+    for path in sorted((ROOT / "roles").glob("*/tasks/*.yml")):
+        for task in _tasks(yaml.safe_load(path.read_text()) or []):
+            text = json.dumps({k: v for k, v in task.items() if k != "name"})
+            if SECRET_MODULES & set(task) or any(name in text for name in SECRET_NAMES):
+                tasks.append((f"{path.relative_to(ROOT)}: {task.get('name')}", task))
+    return tasks
+
+
+def test_secret_tasks_are_found() -> None:
+    names = [name for name, _ in _secret_tasks()]
+    assert any("Log Docker in" in name for name in names)
+    assert any("TLS key and password file" in name for name in names)
+
+
+@pytest.mark.parametrize(("where", "task"), _secret_tasks(), ids=lambda v: str(v)[:90])
+def test_every_task_handling_a_secret_hides_it(where: str, task: dict) -> None:
+    assert task.get("no_log") is True, f"{where}: no_log: true missing"
+    assert task.get("diff") is False, f"{where}: diff: false missing"
