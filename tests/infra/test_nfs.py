@@ -9,6 +9,7 @@ the service uid, writable by it, shared with the server and the other nodes, and
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 import shlex
 from collections.abc import Callable
@@ -102,7 +103,6 @@ def test_export_goes_to_the_cluster_only_with_root_squash(host: Any, cfg: dict[s
             f"Path = {cfg['nfs_export_dir']};",
             "Protocols = 4;",
             "Squash = root_squash;",
-            f"Clients = {cfg['cluster_cidr']};",
             "Access_Type = RW;",
             "Access_Type = None;",
         ]
@@ -114,9 +114,60 @@ def test_export_goes_to_the_cluster_only_with_root_squash(host: Any, cfg: dict[s
         exports = host.run("exportfs -v")
         assert exports.rc == 0, exports.stderr
         line = next(ln for ln in exports.stdout.split("\n\n") if cfg["nfs_export_dir"] in ln)
-        assert cfg["cluster_cidr"] in line
         assert "root_squash" in line
         assert "no_root_squash" not in line
+
+
+def export_clients(host: Any, cfg: dict[str, Any]) -> list[str]:
+    """The clients the running configuration lets mount the export."""
+    if cfg["nfs_implementation"] == "ganesha":
+        text = host.file("/etc/ganesha/ganesha.conf").content_string
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("Clients =")]
+        return [c.strip() for ln in lines for c in ln.split("=", 1)[1].rstrip(";").split(",")]
+    exports = host.run("exportfs -s")
+    assert exports.rc == 0, exports.stderr
+    line = next(ln for ln in exports.stdout.splitlines() if ln.startswith(cfg["nfs_export_dir"]))
+    return [entry.split("(")[0] for entry in line.split()[1:]]
+
+
+def test_export_clients_are_no_wider_than_a_slash_8(host: Any, cfg: dict[str, Any]) -> None:
+    if not cfg["is_server"]:
+        pytest.skip(f"{cfg['inventory_hostname']} is not the NFS server")
+    clients = export_clients(host, cfg)
+    assert clients, "the export lists no clients"
+    wide = [c for c in clients if ipaddress.ip_network(c, strict=False).prefixlen < 8]
+    assert not wide, f"clients wider than /8: {wide}"
+    assert "*" not in clients
+
+
+def test_export_clients_default_to_the_trainers_addresses(
+    host: Any, cfg: dict[str, Any], inventory_vars: dict[str, Any]
+) -> None:
+    if not cfg["is_server"]:
+        pytest.skip(f"{cfg['inventory_hostname']} is not the NFS server")
+    if "nfs_server_clients" in inventory_vars:
+        pytest.skip("the inventory sets nfs_server_clients itself")
+    trainers = [
+        other_host(host, name).ansible.get_variables()["cluster_ip"]
+        for name in cfg["groups"]["trainers"]
+    ]
+    assert sorted(export_clients(host, cfg)) == sorted(trainers)
+
+
+def test_export_requires_privileged_source_ports(host: Any, cfg: dict[str, Any]) -> None:
+    """Only root on a client (a port below 1024) may speak NFS to the server."""
+    if not cfg["is_server"]:
+        pytest.skip(f"{cfg['inventory_hostname']} is not the NFS server")
+    if cfg["nfs_implementation"] == "ganesha":
+        text = host.file("/etc/ganesha/ganesha.conf").content_string
+        export = text.split("\nEXPORT {", 1)[1]
+        assert "PrivilegedPort = true;" in export
+        assert "PrivilegedPort = false" not in text
+    else:
+        exports = host.run("exportfs -v")
+        assert exports.rc == 0, exports.stderr
+        assert "insecure" not in exports.stdout
+        assert "secure" in exports.stdout
 
 
 @pytest.mark.parametrize("subdir", SUBDIRS)
