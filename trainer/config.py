@@ -8,6 +8,16 @@ import os
 from pathlib import Path
 from typing import NoReturn
 
+CPU_BATCH, CUDA_BATCH = 32, 256  # --batch-size 0: per rank, by the rank's device
+
+
+def default_batch_size(batch_size: int, device_type: str) -> int:
+    """--batch-size, or for 0 the field's default for the device (256 per GPU, as in NVIDIA's
+    and torchvision's ResNet-50 recipes; 32 per CPU rank)."""
+    if batch_size > 0:
+        return batch_size
+    return CUDA_BATCH if device_type == "cuda" else CPU_BATCH
+
 
 class BadInputError(Exception):
     """A user-facing input problem: reported as one line on stderr, exit code 2."""
@@ -23,7 +33,7 @@ class TrainConfig:
     num_classes: int = 0
     image_size: int = 224
     arch: str = "resnet50"
-    batch_size: int = 32
+    batch_size: int = 0
     epochs: int = 1
     max_steps: int = 0
     lr: float = 0.1
@@ -36,6 +46,8 @@ class TrainConfig:
     channels_last: bool = True
     compile: bool = False
     workers: int = 4
+    decode: str = "auto"
+    max_bad_samples: int = 10
     seed: int = 0
     output_dir: str = "output"
     checkpoint_every: int = 0
@@ -77,9 +89,27 @@ def get_args_parser() -> argparse.ArgumentParser:
     )
     src.add_argument("--image-size", type=int, default=d.image_size)
     src.add_argument("--workers", type=int, default=d.workers, help="loader processes per rank")
+    src.add_argument(
+        "--decode",
+        choices=["auto", "cpu", "gpu"],
+        default=d.decode,
+        help="JPEG decoding: gpu (nvJPEG, batched, on the rank's GPU), cpu (loader workers); "
+        "auto: gpu on CUDA",
+    )
+    src.add_argument(
+        "--max-bad-samples",
+        type=int,
+        default=d.max_bad_samples,
+        help="unreadable images skipped (logged, counted in summary.json) before the run fails",
+    )
     opt = p.add_argument_group("optimisation")
     opt.add_argument("--arch", default=d.arch, help="torchvision model name")
-    opt.add_argument("--batch-size", type=int, default=d.batch_size, help="per rank")
+    opt.add_argument(
+        "--batch-size",
+        type=int,
+        default=d.batch_size,
+        help=f"per rank (0: {CUDA_BATCH} on CUDA, {CPU_BATCH} on the CPU)",
+    )
     opt.add_argument("--epochs", type=int, default=d.epochs)
     opt.add_argument(
         "--max-steps",
@@ -148,8 +178,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     return p
 
 
-_POSITIVE = ("batch_size", "image_size", "epochs", "log_every", "keep_checkpoints")
-_NON_NEGATIVE = ("max_steps", "checkpoint_every", "workers", "throughput_warmup")
+_POSITIVE = ("image_size", "epochs", "log_every", "keep_checkpoints")
+_NON_NEGATIVE = ("max_steps", "checkpoint_every", "workers", "throughput_warmup", "batch_size")
+_NON_NEGATIVE += ("max_bad_samples",)
 
 
 def validate(cfg: TrainConfig) -> None:

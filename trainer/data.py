@@ -1,4 +1,5 @@
-"""Data sets (ImageFolder, synthetic) yielding uint8 CHW tensors, and resumable loaders.
+"""Data sets (ImageFolder, synthetic) yielding uint8 CHW tensors (or JPEG bytes for GPU
+decoding, see trainer.decode), and resumable loaders.
 
 Augmentation randomness is a function of (seed, epoch, sample index) only, so a run
 resumed mid-epoch sees exactly the batches an uninterrupted run would have seen, no
@@ -7,19 +8,29 @@ matter how many loader workers there are.
 
 from __future__ import annotations
 
-import math
+import logging
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision.datasets import ImageFolder
-from torchvision.transforms.v2 import functional as F
 
 from trainer.config import BadInputError, TrainConfig
+from trainer.decode import (
+    JPEG_MAGIC,
+    KIND_DECODED,
+    KIND_JPEG,
+    UNREADABLE,
+    Planner,
+    collate_encoded,
+    decode_cpu,
+    jpeg_size,
+)
 from trainer.stop import ignore_stop_signals
+
+LOG = logging.getLogger("trainer")
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -28,10 +39,6 @@ STD = (0.229, 0.224, 0.225)
 def _split_key(key: int | tuple[int, int]) -> tuple[int, int]:
     """Samplers here yield (epoch, index) so that persistent workers see the epoch."""
     return key if isinstance(key, tuple) else (0, key)
-
-
-def _sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1_000_003 + epoch) * 1_000_000_007 + index)
 
 
 class SyntheticImages(Dataset):
@@ -69,30 +76,19 @@ class SyntheticImages(Dataset):
         return self.images[j], int(self.labels[j])
 
 
-def _random_resized_crop(w: int, h: int, g: torch.Generator) -> tuple[int, int, int, int]:
-    """Box (left, top, right, bottom) with Inception-style scale (0.08-1) and ratio (3/4-4/3)."""
-    area = w * h
-    log_lo, log_hi = math.log(3 / 4), math.log(4 / 3)
-    for _ in range(10):
-        target = area * (0.08 + 0.92 * torch.rand(1, generator=g).item())
-        ratio = math.exp(log_lo + (log_hi - log_lo) * torch.rand(1, generator=g).item())
-        cw, ch = round(math.sqrt(target * ratio)), round(math.sqrt(target / ratio))
-        if 0 < cw <= w and 0 < ch <= h:
-            left = int(torch.randint(0, w - cw + 1, (1,), generator=g))
-            top = int(torch.randint(0, h - ch + 1, (1,), generator=g))
-            return left, top, left + cw, top + ch
-    side = min(w, h)  # fallback: central square
-    return (w - side) // 2, (h - side) // 2, (w + side) // 2, (h + side) // 2
-
-
 def _path_only(path: str) -> str:
     return path
 
 
 class FolderImages(Dataset):
-    """An ImageFolder split read with PIL; train: random resized crop + flip; val: centre crop."""
+    """An ImageFolder split; train: random resized crop + flip; val: centre crop.
 
-    def __init__(self, root: Path, size: int, train: bool, seed: int):
+    ``encoded`` (``--decode gpu``): JPEG files come back as their bytes with the plan (box,
+    flip, index; see trainer.decode) for the rank to decode on the GPU; anything else is
+    decoded here. An unreadable file comes back as a blank image with label ``-1 - index``.
+    """
+
+    def __init__(self, root: Path, size: int, train: bool, seed: int, *, encoded: bool = False):
         try:
             self.folder = ImageFolder(str(root), loader=_path_only, allow_empty=True)
         except (FileNotFoundError, RuntimeError) as exc:
@@ -101,7 +97,8 @@ class FolderImages(Dataset):
         empty = [c for i, c in enumerate(self.folder.classes) if counts[i] == 0]
         if empty:
             raise BadInputError(f"{root}: class folder(s) without images: {', '.join(empty)}")
-        self.size, self.train, self.seed = size, train, seed
+        self.size, self.train, self.seed, self.encoded = size, train, seed, encoded
+        self.plan = Planner(size, train, seed)
 
     @property
     def classes(self) -> list[str]:
@@ -110,23 +107,26 @@ class FolderImages(Dataset):
     def __len__(self) -> int:
         return len(self.folder.samples)
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple:
         epoch, index = _split_key(key)
         path, label = self.folder.samples[index]
-        with Image.open(path) as im:
-            img = im.convert("RGB")
-        s = self.size
-        if self.train:
-            g = _sample_generator(self.seed, epoch, index)
-            img = img.resize((s, s), Image.BILINEAR, box=_random_resized_crop(*img.size, g))
-            if torch.rand(1, generator=g).item() < 0.5:
-                img = img.transpose(Image.FLIP_LEFT_RIGHT)
-        else:
-            w, h = img.size
-            scale = round(s / 0.875) / min(w, h)
-            img = img.resize((max(s, round(w * scale)), max(s, round(h * scale))), Image.BILINEAR)
-            img = F.center_crop(img, [s, s])
-        return F.pil_to_tensor(img), label
+        try:
+            data = Path(path).read_bytes()
+            if self.encoded and data[:3] == JPEG_MAGIC:
+                box, flip = self.plan(*jpeg_size(data), epoch, index)
+                meta = [KIND_JPEG, *box, int(flip), index]
+                return torch.frombuffer(bytearray(data), dtype=torch.uint8), meta, label
+            img = decode_cpu(data, self.plan, epoch, index)
+        except UNREADABLE as exc:
+            LOG.warning(
+                "unreadable sample %s: %s",
+                path,
+                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+            )
+            img, label = torch.zeros((3, self.size, self.size), dtype=torch.uint8), -1 - index
+        if self.encoded:
+            return img, [KIND_DECODED, 0, 0, 0, 0, 0, index], label
+        return img, label
 
 
 class ResumableSampler(DistributedSampler):
@@ -145,18 +145,23 @@ class ResumableSampler(DistributedSampler):
         return max(0, self.num_samples - self.start_index)
 
 
-def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset | None, int]:
-    """(train, val or None, number of classes); BadInputError for unusable folders."""
+def build_datasets(
+    cfg: TrainConfig, *, encoded: bool = False
+) -> tuple[Dataset, Dataset | None, int]:
+    """(train, val or None, number of classes); BadInputError for unusable folders.
+    ``encoded``: folders yield JPEG bytes for decoding on the GPU (``--decode gpu``)."""
     if cfg.synthetic:
         train = SyntheticImages(cfg.synthetic_size, cfg.num_classes, cfg.image_size, cfg.seed)
         n_val = min(256, cfg.synthetic_size)
         val = SyntheticImages(n_val, cfg.num_classes, cfg.image_size, cfg.seed, split=1)
         return train, val, cfg.num_classes
     root = Path(cfg.data_dir or "")
-    train = FolderImages(root / "train", cfg.image_size, train=True, seed=cfg.seed)
+    train = FolderImages(root / "train", cfg.image_size, train=True, seed=cfg.seed, encoded=encoded)
     val = None
     if (root / "val").is_dir():
-        val = FolderImages(root / "val", cfg.image_size, train=False, seed=cfg.seed)
+        val = FolderImages(
+            root / "val", cfg.image_size, train=False, seed=cfg.seed, encoded=encoded
+        )
         if val.classes != train.classes:
             raise BadInputError(f"--data-dir {root}: val/ classes differ from train/ classes")
     found = len(train.classes)
@@ -182,6 +187,7 @@ def build_loader(
         persistent_workers=cfg.workers > 0,
         prefetch_factor=4 if cfg.workers > 0 else None,
         worker_init_fn=ignore_stop_signals,
+        collate_fn=collate_encoded if getattr(dataset, "encoded", False) else None,
     )
 
 

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from trainer import distributed as dist_utils
 from trainer.config import TrainConfig
-from trainer.data import to_device
+from trainer.inputs import InputPipeline
 from trainer.metrics import LOG, Heartbeat, MetricsLog, Throughput
 from trainer.model import autocast
 from trainer.stop import StopFlag
@@ -40,6 +40,7 @@ class Run:
     step: int = 0
     epoch: int = 0
     last_loss: float | None = None
+    inputs: InputPipeline | None = None  # the runner sets it: decode/move, bad samples
 
 
 def _log_interval(run: Run, loss_sum: torch.Tensor, count: int) -> bool:
@@ -49,9 +50,14 @@ def _log_interval(run: Run, loss_sum: torch.Tensor, count: int) -> bool:
     loop's only collective besides DDP's, so a stop costs nothing between log intervals.
     """
     rate = run.meter.interval()
-    total_loss, total_count, total_rate, signalled = dist_utils.all_reduce_sum(
-        run.env, [float(loss_sum.item()), float(count), rate, float(run.stop.signum)]
+    inputs = run.inputs
+    assert inputs is not None
+    total_loss, total_count, total_rate, signalled, bad = dist_utils.all_reduce_sum(
+        run.env,
+        [float(loss_sum.item()), float(count), rate, float(run.stop.signum), len(inputs.bad_paths)],
     )
+    if bad > inputs.max_bad:  # every rank at once: more unreadable samples than allowed
+        inputs.check(int(bad), dist_utils.gather_objects(run.env, inputs.bad_paths))
     run.last_loss = total_loss / max(total_count, 1.0)
     run.heartbeat.interval(run.last_loss, total_rate)
     lr = run.optimizer.param_groups[0]["lr"]
@@ -96,8 +102,7 @@ def train_one_epoch(
     count = batches = 0
     for images, labels in loader:
         beat.progress()
-        x = to_device(images, env.device, cfg.channels_last, run.norm)
-        y = labels.to(env.device, non_blocking=True)
+        x, y = run.inputs(images, labels, loader.dataset)  # type: ignore[misc]
         with autocast(env.device, run.amp_dtype):
             loss = run.criterion(run.model(x), y)
         run.optimizer.zero_grad(set_to_none=True)
@@ -112,7 +117,7 @@ def train_one_epoch(
         done = run.step >= run.total_steps
         if done and env.device.type == "cuda":
             torch.cuda.synchronize(env.device)  # the last step's time includes its GPU work
-        run.meter.step(len(labels))
+        run.meter.step(len(y))
         beat.progress(step=run.step)
         if run.step % cfg.log_every == 0 or done:
             stopped = _log_interval(run, loss_sum, count)
@@ -143,12 +148,11 @@ def evaluate(run: Run, loader: DataLoader) -> float | None:
     correct = torch.zeros((), dtype=torch.int64, device=run.env.device)
     total = 0
     for batch, (images, labels) in enumerate(loader, start=1):
-        x = to_device(images, run.env.device, run.cfg.channels_last, run.norm)
-        y = labels.to(run.env.device, non_blocking=True)
+        x, y = run.inputs(images, labels, loader.dataset)  # type: ignore[misc]
         with autocast(run.env.device, run.amp_dtype):
             logits = model(x)
         correct += (logits.argmax(dim=1) == y).sum()
-        total += len(labels)
+        total += len(y)
         run.heartbeat.progress()
         if batch % run.cfg.log_every == 0 and stop_agreed(run):
             model.train()

@@ -14,9 +14,17 @@ from torch.utils.data import DataLoader
 
 from trainer import checkpoint as ckpt
 from trainer import distributed as dist_utils
-from trainer.config import BadInputError, TrainConfig, check_output_dir, parse_config
+from trainer.config import (
+    BadInputError,
+    TrainConfig,
+    check_output_dir,
+    default_batch_size,
+    parse_config,
+)
 from trainer.data import build_datasets, build_loader, mean_std
+from trainer.decode import decode_choice
 from trainer.engine import Run, evaluate, stop_agreed, train_one_epoch
+from trainer.inputs import SHOWN_PATHS, InputPipeline
 from trainer.metrics import LOG, Heartbeat, MetricsLog, Throughput, setup_logging
 from trainer.metrics import write_json_atomic as write_json
 from trainer.model import (
@@ -26,6 +34,7 @@ from trainer.model import (
     grad_scaler,
     resolve_amp,
     scaled_lr,
+    warmup_epochs,
     wrap_ddp,
 )
 from trainer.stop import StopFlag
@@ -53,7 +62,12 @@ def _prepare(cfg: TrainConfig, env: dist_utils.DistEnv, heartbeat: Heartbeat) ->
     state = _resume_state(cfg)
     heartbeat.start(Path(cfg.output_dir))  # already started under the agent
     heartbeat.progress(step=int(state["step"]) if state else 0, phase="scan")
-    train_ds, val_ds, num_classes = build_datasets(cfg)
+    cfg.batch_size = default_batch_size(cfg.batch_size, env.device.type)
+    try:
+        cfg.decode = decode_choice(cfg.decode, env.device.type)
+    except ValueError as exc:
+        raise BadInputError(str(exc)) from None
+    train_ds, val_ds, num_classes = build_datasets(cfg, encoded=cfg.decode == "gpu")
     heartbeat.progress(phase="start")  # until training: the rendezvous waits for every rank
     cfg.num_classes = num_classes
     amp_dtype = resolve_amp(cfg.amp, env.device)
@@ -131,7 +145,8 @@ def _train(
     if cfg.compile:
         wrapped = torch.compile(wrapped)
     optimizer = build_optimizer(model, cfg, scaled_lr(cfg.lr, cfg.batch_size * env.world_size))
-    scheduler = build_scheduler(optimizer, total, round(cfg.warmup_epochs * spe), cfg.lr_decay)
+    warmup = warmup_epochs(cfg.warmup_epochs, cfg.batch_size * env.world_size)
+    scheduler = build_scheduler(optimizer, total, round(warmup * spe), cfg.lr_decay)
     scaler = grad_scaler(env.device, amp_dtype)
     run = Run(
         cfg,
@@ -151,6 +166,7 @@ def _train(
         total,
         spe,
     )
+    run.inputs = InputPipeline(env.device, cfg.image_size, cfg.channels_last, cfg.max_bad_samples)
     start_batch = ckpt.restore_run(run, state) if state else 0
     heartbeat.progress(step=run.step, epoch=run.epoch)
     if env.is_main:
@@ -162,6 +178,7 @@ def _train(
         torch.cuda.synchronize(env.device)
     rates = dist_utils.gather_objects(env, run.meter.overall())
     digests = dist_utils.gather_objects(env, dist_utils.param_digest(model))
+    bad = sorted({p for ps in dist_utils.gather_objects(env, run.inputs.bad_paths) for p in ps})
     known = [r for r in rates if r is not None]
     return {
         "status": "stopped" if stopped else "completed",
@@ -177,6 +194,10 @@ def _train(
         "amp": str(amp_dtype).removeprefix("torch.") if amp_dtype else "off",
         "device": env.device.type,
         "throughput_warmup_steps": cfg.throughput_warmup,
+        "decode": cfg.decode,
+        "warmup_epochs": round(warmup, 3),
+        "bad_samples": len(bad),
+        "bad_sample_paths": bad[:SHOWN_PATHS],
     }
 
 

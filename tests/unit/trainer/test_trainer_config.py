@@ -26,7 +26,8 @@ def test_data_dir_resolves_classes_later(image_folder: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--synthetic", "--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--synthetic", "--batch-size", "-1"], "--batch-size must not be negative"),
+        (["--synthetic", "--max-bad-samples", "-1"], "--max-bad-samples must not be negative"),
         (["--synthetic", "--max-steps", "-1"], "--max-steps must not be negative"),
         (["--synthetic", "--num-classes", "1"], "--num-classes must be at least 2"),
         ([], "exactly one of --data-dir DIR or --synthetic"),

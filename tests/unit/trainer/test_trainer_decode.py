@@ -1,0 +1,198 @@
+"""Decoding: the choice of path, the plan (deterministic crops), the reduced-size CPU decode,
+the GPU chain run on CPU tensors, and unreadable samples (skipped, counted, or fatal)."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from trainer_helpers import read_json, run_trainer
+
+from trainer.config import TrainConfig
+from trainer.data import FolderImages, build_datasets, build_loader, mean_std, to_device
+from trainer.decode import (
+    EncodedBatch,
+    Planner,
+    crop_resize,
+    decode_batch,
+    decode_choice,
+    decode_cpu,
+    draft_factor,
+    random_resized_crop,
+    sample_generator,
+)
+from trainer.inputs import BadSamplesError, InputPipeline
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("requested", "device", "chosen"),
+    [
+        ("auto", "cuda", "gpu"),
+        ("auto", "cpu", "cpu"),
+        ("cpu", "cuda", "cpu"),
+        ("gpu", "cuda", "gpu"),
+    ],
+)
+def test_decode_choice(requested: str, device: str, chosen: str) -> None:
+    assert decode_choice(requested, device) == chosen
+
+
+def test_gpu_decode_without_cuda_is_refused() -> None:
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        decode_choice("gpu", "cpu")
+
+
+def test_plan_is_the_crop_the_trainer_always_drew() -> None:
+    """Same draws as before the decode paths existed: a resumed run sees the same crops."""
+    g = sample_generator(3, 1, 17)
+    box = random_resized_crop(500, 375, g)
+    flip = torch.rand(1, generator=g).item() < 0.5
+    assert Planner(224, True, 3)(500, 375, 1, 17) == (box, flip)
+    assert Planner(224, True, 3)(500, 375, 2, 17) != (box, flip)
+
+
+def test_val_plan_is_the_centre_crop_without_flip() -> None:
+    assert Planner(224, False, 0)(512, 256, 5, 9) == ((144, 16, 368, 240), False)
+
+
+@pytest.mark.parametrize(
+    ("box", "factor"),
+    [((0, 0, 447, 500), 1), ((0, 0, 448, 448), 2), ((0, 0, 900, 1000), 4), ((0, 0, 1900, 1800), 8)],
+)
+def test_draft_factor_keeps_the_decoded_box_at_least_the_output_size(box, factor) -> None:
+    assert draft_factor(box, 224) == factor
+    assert min(box[2] - box[0], box[3] - box[1]) // factor >= 224
+
+
+def _jpeg(w: int, h: int, detail: int = 16) -> bytes:
+    """A smooth random picture: noise at 1/detail of the size, scaled up."""
+    g = torch.Generator().manual_seed(0)
+    low = torch.randint(0, 256, (h // detail, w // detail, 3), generator=g, dtype=torch.uint8)
+    img = Image.frombytes("RGB", (w // detail, h // detail), low.numpy().tobytes()).resize((w, h))
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def test_reduced_size_decode_matches_the_full_size_decode() -> None:
+    """A big source whose crop allows 1/8 scale: PIL's draft; the result is the same picture."""
+    data = _jpeg(1600, 1200, detail=64)
+    plan = Planner(64, False, 0)  # centre crop of 1,052 px: 1/8 scale still gives 131 px
+    small = decode_cpu(data, plan, 0, 0)
+    full = torch.from_numpy(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+    reference = crop_resize(full.permute(2, 0, 1), plan(1600, 1200, 0, 0)[0], False, 64)
+    assert draft_factor(plan(1600, 1200, 0, 0)[0], 64) == 8
+    assert small.shape == reference.shape == (3, 64, 64)
+    assert small.dtype == torch.uint8
+    assert (small.float() - reference.float()).abs().mean() < 3.0  # 8 px off: 9.3
+
+
+def test_gpu_chain_on_cpu_tensors_matches_the_cpu_path(image_folder: Path) -> None:
+    """Same samples through both paths: shapes, dtype, layout and normalised values agree."""
+    cpu_ds = FolderImages(image_folder / "train", 24, train=True, seed=0)
+    enc_ds = FolderImages(image_folder / "train", 24, train=True, seed=0, encoded=True)
+    keys = [(1, i) for i in range(6)]
+    cpu_batch = torch.stack([cpu_ds[k][0] for k in keys])
+    labels = torch.tensor([cpu_ds[k][1] for k in keys])
+    encoded = [enc_ds[k] for k in keys]
+    batch = EncodedBatch([e[0] for e in encoded], torch.tensor([e[1] for e in encoded]))
+    pipe = InputPipeline(CPU, 24, channels_last=True, max_bad=0)
+    x_gpu, y_gpu = pipe(batch, torch.tensor([e[2] for e in encoded]), enc_ds)
+    x_cpu = to_device(cpu_batch, CPU, True, mean_std(CPU))
+    assert x_gpu.shape == x_cpu.shape == (6, 3, 24, 24)
+    assert x_gpu.dtype == x_cpu.dtype == torch.float32
+    assert x_gpu.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(y_gpu, labels)
+    assert (x_gpu - x_cpu).abs().max() < 2 / 255 / 0.224  # at most a rounding step or two
+
+
+def _corrupt_copy(src: Path, dst: Path) -> list[str]:
+    """A copy of the image folder with one truncated and one garbage JPEG in class_01."""
+    shutil.copytree(src, dst)
+    victims = sorted((dst / "train" / "class_01").iterdir())[:2]
+    victims[0].write_bytes(victims[0].read_bytes()[:300])
+    victims[1].write_bytes(b"\xff\xd8\xff not a jpeg at all")
+    return [str(v) for v in victims]
+
+
+@pytest.mark.parametrize("encoded", [False, True])
+def test_unreadable_samples_are_skipped_and_named(tmp_path: Path, image_folder, encoded) -> None:
+    bad = _corrupt_copy(image_folder, tmp_path / "data")
+    cfg = TrainConfig(data_dir=str(tmp_path / "data"), image_size=24, batch_size=24, workers=0)
+    train, _, _ = build_datasets(cfg, encoded=encoded)
+    loader = build_loader(train, cfg, 0, 1, pin=False, train=True)
+    pipe = InputPipeline(CPU, 24, channels_last=False, max_bad=5)
+    images, labels = next(iter(loader))
+    x, y = pipe(images, labels, train)
+    assert len(x) == len(y) == 22
+    assert (y >= 0).all()
+    assert sorted(pipe.bad_paths) == bad
+    pipe.check(len(pipe.bad_paths))  # 2 <= 5: no error
+
+
+def test_too_many_unreadable_samples_fail_naming_them(tmp_path: Path, image_folder) -> None:
+    bad = _corrupt_copy(image_folder, tmp_path / "data")
+    cfg = TrainConfig(data_dir=str(tmp_path / "data"), image_size=24, batch_size=24, workers=0)
+    train, _, _ = build_datasets(cfg)
+    pipe = InputPipeline(CPU, 24, channels_last=False, max_bad=1)
+    pipe(*next(iter(build_loader(train, cfg, 0, 1, pin=False, train=True))), train)
+    with pytest.raises(
+        BadSamplesError, match="2 unreadable samples, more than --max-bad-samples 1"
+    ):
+        pipe.check(2, [[bad[1]], [bad[0]]])
+    with pytest.raises(BadSamplesError) as err:
+        pipe.check(2, [[bad[1]], [bad[0]]])
+    assert all(path in str(err.value) for path in bad)
+
+
+def test_a_batch_of_only_unreadable_samples_fails() -> None:
+    batch = EncodedBatch([torch.tensor([255, 216, 255, 0], dtype=torch.uint8)], torch.zeros(1, 7))
+    batch.meta = torch.tensor([[0, 0, 0, 8, 8, 0, 3]])
+    with pytest.raises(BadSamplesError, match="every sample of a batch is unreadable: sample 3"):
+        InputPipeline(CPU, 8, channels_last=False, max_bad=9)(batch, torch.tensor([1]), [])
+
+
+def test_decode_batch_marks_what_nothing_can_decode() -> None:
+    good = torch.frombuffer(bytearray(_jpeg(64, 48)), dtype=torch.uint8)
+    broken = torch.frombuffer(bytearray(_jpeg(64, 48)[:200]), dtype=torch.uint8)
+    meta = torch.tensor([[0, 0, 0, 40, 40, 1, 0], [0, 0, 0, 40, 40, 0, 1]])
+    out, bad = decode_batch(EncodedBatch([good, broken], meta), CPU, 16)
+    assert out.shape == (2, 3, 16, 16)
+    assert out.dtype == torch.uint8
+    assert bad.tolist() == [False, True]
+
+
+RUN = ["--arch", "resnet18", "--image-size", "32", "--batch-size", "4", "--workers", "0"]
+RUN += ["--log-every", "1", "--epochs", "1", "--warmup-epochs", "0"]
+
+
+def test_a_run_skips_unreadable_samples_and_counts_them(tmp_path: Path, image_folder) -> None:
+    """Two gloo ranks: the run completes, summary.json counts and names both files."""
+    bad = _corrupt_copy(image_folder, tmp_path / "data")
+    out = tmp_path / "out"
+    args = [*RUN, "--data-dir", str(tmp_path / "data"), "--output-dir", str(out)]
+    proc = run_trainer(args, nproc=2)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = read_json(out / "summary.json")
+    assert summary["status"] == "completed"
+    assert summary["bad_samples"] == 2
+    assert summary["bad_sample_paths"] == bad
+
+
+def test_a_run_with_too_many_unreadable_samples_fails_naming_them(tmp_path, image_folder) -> None:
+    bad = _corrupt_copy(image_folder, tmp_path / "data")
+    out = tmp_path / "out"
+    args = [*RUN, "--data-dir", str(tmp_path / "data"), "--output-dir", str(out)]
+    proc = run_trainer([*args, "--max-bad-samples", "1"], nproc=2)
+    assert proc.returncode == 1
+    summary = read_json(out / "summary.json")
+    assert summary["status"] == "failed"
+    assert summary["error"].startswith("BadSamplesError: 2 unreadable samples")
+    assert all(path in summary["error"] for path in bad)

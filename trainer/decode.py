@@ -1,0 +1,215 @@
+"""Image decoding and the crop/flip/resize chain: per sample on the CPU, or batched on the GPU.
+
+Every sample gets a *plan* first: a box in source pixels and a flip flag, a function of
+(seed, epoch, index) and the image's size only (train: Inception random-resized crop and a
+coin flip; val: the centre crop that "short side to size/0.875, centre crop size" takes).
+Then one chain executes it, wherever it runs: crop, antialiased bilinear resize to
+size x size, flip, rounded to uint8. So CPU and GPU decoding see the same crops, and a run
+resumed mid-epoch sees exactly the batches an uninterrupted run would have seen.
+
+- ``cpu``: the loader workers decode. Where the box is at least twice the output size on
+  its short side, PIL decodes JPEGs at 1/2, 1/4 or 1/8 scale (``Image.draft``, libjpeg's DCT
+  scaling), so the decoded box is still at least the output size; otherwise JPEGs go
+  through torchvision's libjpeg-turbo decoder straight into a tensor (no PIL image, no RGB
+  copy). Other formats: PIL.
+- ``gpu``: the workers only read bytes and the JPEG header (size -> plan); the rank decodes
+  the whole batch with nvJPEG (``torchvision.io.decode_jpeg(list, device="cuda")``) and
+  runs the same chain on the GPU. Files that are not JPEG are done by the workers as above.
+
+An unreadable sample is not an exception here: its label comes back as ``-1 - index`` (see
+``trainer.inputs``, which skips, logs and counts them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+import warnings
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.nn import functional as TF
+from torchvision.io import ImageReadMode, decode_jpeg
+
+# torchvision 0.29 marks its image codecs deprecated in favour of TorchCodec (not in the image).
+warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities")
+
+JPEG_MAGIC = b"\xff\xd8\xff"
+# What reading or decoding a bad file raises (UnidentifiedImageError is an OSError).
+UNREADABLE = (OSError, ValueError, RuntimeError, SyntaxError, Image.DecompressionBombError)
+Box = tuple[int, int, int, int]
+
+
+def decode_choice(requested: str, device_type: str) -> str:
+    """``--decode``: auto is gpu on CUDA and cpu elsewhere; gpu needs CUDA (ValueError)."""
+    if requested == "auto":
+        return "gpu" if device_type == "cuda" else "cpu"
+    if requested == "gpu" and device_type != "cuda":
+        raise ValueError("--decode gpu needs a CUDA device")
+    return requested
+
+
+def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1_000_003 + epoch) * 1_000_000_007 + index)
+
+
+def random_resized_crop(w: int, h: int, g: torch.Generator) -> Box:
+    """Box (left, top, right, bottom) with Inception-style scale (0.08-1) and ratio (3/4-4/3)."""
+    area = w * h
+    log_lo, log_hi = math.log(3 / 4), math.log(4 / 3)
+    for _ in range(10):
+        target = area * (0.08 + 0.92 * torch.rand(1, generator=g).item())
+        ratio = math.exp(log_lo + (log_hi - log_lo) * torch.rand(1, generator=g).item())
+        cw, ch = round(math.sqrt(target * ratio)), round(math.sqrt(target / ratio))
+        if 0 < cw <= w and 0 < ch <= h:
+            left = int(torch.randint(0, w - cw + 1, (1,), generator=g))
+            top = int(torch.randint(0, h - ch + 1, (1,), generator=g))
+            return left, top, left + cw, top + ch
+    side = min(w, h)  # fallback: central square
+    return (w - side) // 2, (h - side) // 2, (w + side) // 2, (h + side) // 2
+
+
+def center_box(w: int, h: int, size: int) -> Box:
+    """The source region that resizing the short side to round(size / 0.875) and taking the
+    central size x size square shows."""
+    side = max(1, min(w, h, round(min(w, h) * size / round(size / 0.875))))
+    left, top = (w - side) // 2, (h - side) // 2
+    return left, top, left + side, top + side
+
+
+@dataclasses.dataclass(frozen=True)
+class Planner:
+    """The plan of one split: train (random crop + flip per (epoch, index)) or val (centre)."""
+
+    size: int
+    train: bool
+    seed: int
+
+    def __call__(self, w: int, h: int, epoch: int, index: int) -> tuple[Box, bool]:
+        if not self.train:
+            return center_box(w, h, self.size), False
+        g = sample_generator(self.seed, epoch, index)
+        box = random_resized_crop(w, h, g)
+        return box, torch.rand(1, generator=g).item() < 0.5
+
+
+def draft_factor(box: Box, size: int) -> int:
+    """The largest JPEG DCT scale (8, 4, 2, else 1) at which the box still covers at least
+    size x size decoded pixels."""
+    short = min(box[2] - box[0], box[3] - box[1])
+    return next((k for k in (8, 4, 2) if short // k >= size), 1)
+
+
+def crop_resize(img: torch.Tensor, box: Box, flip: bool, size: int) -> torch.Tensor:
+    """uint8 CHW image -> uint8 (3, size, size): crop, antialiased bilinear resize, flip.
+
+    The same chain on any device; off the CPU it resizes in float and rounds (CUDA's
+    antialiased kernel has no uint8 variant)."""
+    left, top, right, bottom = box
+    x = img[:, top:bottom, left:right].unsqueeze(0)
+    if x.shape[-2:] != (size, size):
+        if x.device.type == "cpu":
+            x = x.contiguous(memory_format=torch.channels_last)
+            x = TF.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
+        else:
+            x = TF.interpolate(x.float(), size=(size, size), mode="bilinear", antialias=True)
+            x = x.round_().clamp_(0, 255).to(torch.uint8)
+    if flip:
+        x = x.flip(-1)
+    return x[0].contiguous()
+
+
+def jpeg_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from the JPEG header alone (PIL reads no pixels here)."""
+    with Image.open(io.BytesIO(data)) as im:
+        return im.size
+
+
+def _bytes_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def decode_cpu(data: bytes, plan: Planner, epoch: int, index: int) -> torch.Tensor:
+    """Decode and transform one file on the CPU (raises one of UNREADABLE if it is bad)."""
+    with Image.open(io.BytesIO(data)) as im:
+        w, h = im.size
+        box, flip = plan(w, h, epoch, index)
+        k = draft_factor(box, plan.size) if im.format == "JPEG" else 1
+        if k == 1 and data[:3] == JPEG_MAGIC:
+            img = decode_jpeg(_bytes_tensor(data), mode=ImageReadMode.RGB)
+        else:
+            if k > 1:
+                im.draft("RGB", (w // k, h // k))
+            rgb = im if im.mode == "RGB" else im.convert("RGB")
+            img = torch.from_numpy(np.array(rgb)).permute(2, 0, 1)
+    sx, sy = img.shape[2] / w, img.shape[1] / h
+    if (sx, sy) != (1.0, 1.0):
+        box = (round(box[0] * sx), round(box[1] * sy), round(box[2] * sx), round(box[3] * sy))
+    return crop_resize(img, box, flip, plan.size)
+
+
+# An encoded sample: kind, and meta = (left, top, right, bottom, flip, index).
+KIND_JPEG, KIND_DECODED = 0, 1
+
+
+@dataclasses.dataclass
+class EncodedBatch:
+    """What a loader yields for GPU decoding: JPEG bytes (or, for other formats, the finished
+    uint8 image), and per sample kind, box, flip and index."""
+
+    payloads: list[torch.Tensor]
+    meta: torch.Tensor  # int64 (N, 7): kind, left, top, right, bottom, flip, index
+
+    def pin_memory(self) -> EncodedBatch:  # the DataLoader's pin_memory hook: bytes stay put
+        return self
+
+    def __len__(self) -> int:
+        return len(self.payloads)
+
+
+def collate_encoded(samples: list[tuple[torch.Tensor, list[int], int]]) -> tuple:
+    payloads, metas, labels = zip(*samples, strict=True)
+    meta = torch.tensor(metas, dtype=torch.int64).reshape(len(samples), 7)
+    return EncodedBatch(list(payloads), meta), torch.tensor(labels, dtype=torch.int64)
+
+
+def decode_batch(
+    batch: EncodedBatch, device: torch.device, size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 (N, 3, size, size) on ``device``, bool mask of samples that could not be decoded).
+
+    The JPEGs are decoded in one nvJPEG batch; if that fails, one by one (a file nvJPEG
+    cannot take is decoded on the CPU instead; only a file nothing can decode is bad)."""
+    n = len(batch)
+    out = torch.zeros((n, 3, size, size), dtype=torch.uint8, device=device)
+    bad = torch.zeros(n, dtype=torch.bool)
+    meta = batch.meta.tolist()
+    jpegs = [i for i in range(n) if meta[i][0] == KIND_JPEG]
+    for i in range(n):
+        if meta[i][0] == KIND_DECODED:
+            out[i] = batch.payloads[i].to(device, non_blocking=True)
+    decoded: list[torch.Tensor | None]
+    try:
+        decoded = list(
+            decode_jpeg([batch.payloads[i] for i in jpegs], mode=ImageReadMode.RGB, device=device)
+        )
+    except RuntimeError:
+        decoded = [_decode_one(batch.payloads[i], device) for i in jpegs]
+    for i, img in zip(jpegs, decoded, strict=True):
+        if img is None:
+            bad[i] = True
+            continue
+        _, left, top, right, bottom, flip, _ = meta[i]
+        out[i] = crop_resize(img, (left, top, right, bottom), bool(flip), size)
+    return out, bad
+
+
+def _decode_one(data: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    for where in (device, torch.device("cpu")):
+        try:
+            return decode_jpeg(data, mode=ImageReadMode.RGB, device=where).to(device)
+        except RuntimeError:
+            continue
+    return None
