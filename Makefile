@@ -12,7 +12,7 @@ RUN_ID ?= demo
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv host-deps lint format unit check e2e test infra sandbox sandbox-down demo bench clean
+.PHONY: help venv host-deps lint format unit check e2e test infra sandbox sandbox-down demo bench bench-decode clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -64,6 +64,9 @@ demo: sandbox ## Sandbox up, site.yml, train.yml -e run_id=$(RUN_ID), summary ta
 
 bench: $(STAMP) ## Benchmark: naive DDP loop vs the trainer (prints img/s and the ratio)
 	$(BIN)/python bench/ddp_bench.py
+
+bench-decode: $(STAMP) ## CPU JPEG decode benchmark: JPEGs/s per core before vs --decode cpu, ratio last
+	$(BIN)/python bench/decode_bench.py
 
 clean: ## Remove the venv and caches (not the sandbox: use sandbox-down)
 	rm -rf $(VENV) .pytest_cache .ruff_cache

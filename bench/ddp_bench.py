@@ -12,6 +12,10 @@ after ``--warmup`` (data loading included):
 (b) trainer: ``python -m trainer --synthetic`` with its defaults (``--amp auto``,
     channels_last, uint8 batches normalised on the device, ...).
 
+``--data-dir DIR`` (a JPEG ImageFolder) feeds both from files instead: (a) the textbook
+torchvision pipeline (PIL decode, RandomResizedCrop, flip, ToTensor, Normalize in
+``--workers`` loader processes), (b) the trainer with ``--decode auto`` (nvJPEG on CUDA).
+
 The synthetic images are the trainer's own SyntheticImages bank in both cases.
 Prints both figures and the ratio; ``--json FILE`` also writes them.
 """
@@ -32,6 +36,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torchvision
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torchvision import transforms as T
+from torchvision.datasets import ImageFolder
 
 from trainer.data import MEAN, STD, SyntheticImages
 
@@ -64,9 +70,18 @@ def _setup(rank: int, a: argparse.Namespace) -> torch.device:
 def naive_worker(rank: int, a: argparse.Namespace, results: dict) -> None:
     device = _setup(rank, a)
     dist.init_process_group("nccl" if a.device == "cuda" else "gloo", rank=rank, world_size=a.nproc)
-    data = NaiveImages(SyntheticImages(a.samples, a.num_classes, a.image_size, seed=0))
+    if a.data_dir:  # the textbook JPEG pipeline: PIL in the loader workers, float tensors
+        tf = T.Compose([T.RandomResizedCrop(a.image_size), T.RandomHorizontalFlip(), T.ToTensor()])
+        tf = T.Compose([tf, T.Normalize(MEAN, STD)])
+        data = ImageFolder(str(Path(a.data_dir) / "train"), transform=tf)
+    else:
+        data = NaiveImages(SyntheticImages(a.samples, a.num_classes, a.image_size, seed=0))
     loader = DataLoader(
-        data, batch_size=a.batch_size, sampler=DistributedSampler(data), drop_last=True
+        data,
+        batch_size=a.batch_size,
+        sampler=DistributedSampler(data),
+        drop_last=True,
+        num_workers=a.workers,
     )
     model = torchvision.models.resnet50(num_classes=a.num_classes).to(device)
     model = torch.nn.parallel.DistributedDataParallel(
@@ -100,6 +115,8 @@ def trainer_worker(rank: int, a: argparse.Namespace, out: str, results: dict) ->
     from trainer.__main__ import main  # noqa: PLC0415 - import after threads are set
 
     args = ["--synthetic", "--synthetic-size", str(a.samples), "--num-classes", str(a.num_classes)]
+    if a.data_dir:
+        args = ["--data-dir", a.data_dir, "--num-classes", str(a.num_classes)]
     args += ["--image-size", str(a.image_size), "--batch-size", str(a.batch_size)]
     args += ["--max-steps", str(a.steps), "--throughput-warmup", str(a.warmup)]
     args += ["--workers", str(a.workers), "--log-every", str(a.steps), "--output-dir", out]
@@ -127,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=14)
     p.add_argument("--warmup", type=int, default=4, help="first steps not timed")
     p.add_argument("--threads", type=int, default=2, help="torch threads per rank")
-    p.add_argument("--workers", type=int, default=0, help="trainer loader workers per rank")
+    p.add_argument("--workers", type=int, default=0, help="loader workers per rank (both)")
+    p.add_argument(
+        "--data-dir", help="JPEG ImageFolder (train/) instead of synthetic tensors, for both loops"
+    )
     p.add_argument("--num-classes", type=int, default=1000)
     p.add_argument("--samples", type=int, default=4096)
     p.add_argument("--json", help="also write the figures to this file")
@@ -152,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch_size": a.batch_size, "steps": a.steps, "warmup": a.warmup,
         "naive_images_per_sec": round(naive, 2), "trainer_images_per_sec": fast,
         "trainer_amp": summary["amp"], "ratio": round(fast / naive, 3),
+        "input": a.data_dir or "synthetic", "trainer_decode": summary.get("decode"),
     }  # fmt: skip
     sys.stdout.write(
         f"naive DDP loop: {naive:.1f} img/s\ntrainer:        {fast:.1f} img/s "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -25,6 +25,7 @@ from trainer.decode import (
     UNREADABLE,
     Planner,
     collate_encoded,
+    collate_samples,
     decode_cpu,
     jpeg_size,
 )
@@ -187,8 +188,14 @@ def build_loader(
         persistent_workers=cfg.workers > 0,
         prefetch_factor=4 if cfg.workers > 0 else None,
         worker_init_fn=ignore_stop_signals,
-        collate_fn=collate_encoded if getattr(dataset, "encoded", False) else None,
+        collate_fn=_collate_for(dataset),
     )
+
+
+def _collate_for(dataset: Dataset) -> Callable[[list], tuple] | None:
+    if isinstance(dataset, FolderImages):
+        return collate_encoded if dataset.encoded else collate_samples
+    return None  # the DataLoader's default: synthetic tensors are contiguous already
 
 
 def to_device(

@@ -104,6 +104,7 @@ def draft_factor(box: Box, size: int) -> int:
 
 def crop_resize(img: torch.Tensor, box: Box, flip: bool, size: int) -> torch.Tensor:
     """uint8 CHW image -> uint8 (3, size, size): crop, antialiased bilinear resize, flip.
+    (On the CPU torch's uint8 kernel for channels_last input: the fast one.)
 
     The same chain on any device; off the CPU it resizes in float and rounds (CUDA's
     antialiased kernel has no uint8 variant)."""
@@ -118,7 +119,16 @@ def crop_resize(img: torch.Tensor, box: Box, flip: bool, size: int) -> torch.Ten
             x = x.round_().clamp_(0, 255).to(torch.uint8)
     if flip:
         x = x.flip(-1)
-    return x[0].contiguous()
+    return x[0]  # on the CPU: channels_last strides, which collate_samples stacks as they are
+
+
+def collate_samples(samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack CPU-decoded samples into an NCHW batch with channels_last strides: the images
+    come out of crop_resize in that layout, so this is a memcpy, and so is the model's
+    channels_last input on the device (no transpose anywhere)."""
+    images, labels = zip(*samples, strict=True)
+    batch = torch.stack([img.permute(1, 2, 0) for img in images]).permute(0, 3, 1, 2)
+    return batch, torch.tensor(labels, dtype=torch.int64)
 
 
 def jpeg_size(data: bytes) -> tuple[int, int]:
