@@ -90,6 +90,36 @@ def peers(hosts: list[str], hostvars: object) -> list[dict]:
     return out
 
 
+def fabric(ib_devices: list, settings: dict, numa_binding: str = "", gpus: int = 0) -> dict:
+    """The run container's fabric options: {devices, env, torchrun_args, problems}.
+
+    With InfiniBand/RoCE devices (``/dev/infiniband/*``, found by preflight) and the host
+    variable ``infiniband`` not false, each device goes into the container (rwm) and every
+    inventory variable ``nccl_ib_<name>`` becomes ``NCCL_IB_<NAME>`` (``nccl_ib_hca:
+    mlx5_0,mlx5_1`` -> ``NCCL_IB_HCA``; ``nccl_ib_gid_index: 3`` for RoCE v2). nccl_ib_*
+    settings on a host without devices would do nothing: a problem, as is NUMA binding (torchrun
+    binds each rank near its GPU) on a host that runs no GPUs."""
+    use_ib = bool(ib_devices) and _truthy(settings.get("infiniband", True))
+    ib_vars = {k: v for k, v in sorted(settings.items()) if k.startswith("nccl_ib_")}
+    problems = []
+    if ib_vars and not use_ib:
+        why = "infiniband is false" if ib_devices else "there is no /dev/infiniband"
+        problems.append(f"{', '.join(ib_vars)} set but {why}")
+    if numa_binding and int(gpus) <= 0:
+        problems.append(f"train_numa_binding={numa_binding} needs GPUs (binds ranks near theirs)")
+    env = {}
+    for name, value in ib_vars.items() if use_ib else ():
+        if isinstance(value, (dict, list)) or value is None:
+            raise AnsibleFilterError(f"{name} must be a scalar, got {value!r}")
+        env[name.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
+    return {
+        "devices": [f"{d}:{d}:rwm" for d in sorted(ib_devices)] if use_ib else [],
+        "env": env,
+        "torchrun_args": [f"--numa-binding={numa_binding}"] if numa_binding else [],
+        "problems": problems,
+    }
+
+
 def ulimits(wanted: dict, granted: dict) -> list[str]:
     """docker_container ulimits ('name:soft:hard'): each wanted value (-1 = unlimited) capped
     to what the engine may grant (-1 = anything)."""
@@ -110,4 +140,5 @@ class FilterModule:
             "ddpfleet_bad_options": bad_options,
             "ddpfleet_peers": peers,
             "ddpfleet_ulimits": ulimits,
+            "ddpfleet_fabric": fabric,
         }

@@ -13,8 +13,11 @@ module: ddpfleet_run_preflight
 short_description: Check that a host can take part in a ddpfleet run
 description:
 - Every peer's hostname resolves to its cluster_ip; /dev/shm (host IPC) or memory (private
-  shm) is big enough; enough GPUs are visible. Fails with one line naming the host and every
-  problem found. Returns what the Docker engine may grant as ulimits.
+  shm) is big enough; the GPUs (nvidia-smi) are there, as many as asked for (default: every
+  one found), no fewer than the processes per host, and of a supported compute capability;
+  with /dev/infiniband, the engine grants unlimited memlock. Fails with one line naming the
+  host and every problem found. Returns the GPUs to use, the InfiniBand devices and what the
+  Docker engine may grant as ulimits.
 options:
   host:
     description: inventory_hostname.
@@ -34,9 +37,17 @@ options:
     type: bool
     default: false
   gpus:
-    description: GPUs this host must offer.
+    description: GPUs to use (the inventory's C(gpus)); -1 uses every GPU found, 0 none.
+    type: int
+    default: -1
+  nproc:
+    description: Processes per host asked for (train_nproc_per_node; 0 one per GPU, or 1).
     type: int
     default: 0
+  min_compute_capability:
+    description: Lowest compute capability the training image's CUDA runs on.
+    type: str
+    default: "7.5"
 author: ddpfleet
 """
 
@@ -45,8 +56,20 @@ ulimits:
   description: What the container engine may grant, {memlock, stack} in bytes (-1 unlimited).
   type: dict
   returned: always
+gpus:
+  description: GPUs the run uses on this host (the inventory's gpus, else every one found).
+  type: int
+  returned: always
 gpu_models:
   description: Model names of the GPUs found.
+  type: list
+  returned: always
+gpu_capabilities:
+  description: Compute capability of each GPU found, as "X.Y".
+  type: list
+  returned: always
+infiniband_devices:
+  description: Character devices under /dev/infiniband (empty without RDMA hardware).
   type: list
   returned: always
 """
@@ -127,17 +150,74 @@ def check_shm(shm_mb: int, ipc_host: bool) -> list[str]:
     return []
 
 
-def check_gpus(module: AnsibleModule, gpus: int) -> tuple[list[str], list[str]]:
-    """(problems, models): nvidia-smi must list at least `gpus` GPUs."""
-    if gpus <= 0:
-        return [], []
-    rc, out, err = module.run_command(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"])
-    if rc != 0:
-        return [f"nvidia-smi failed: {err.strip() or 'not found'}"], []
-    models = [ln.strip() for ln in out.splitlines() if ln.strip()]
-    if len(models) < gpus:
-        return [f"{len(models)} GPUs visible, inventory says gpus={gpus}"], models
-    return [], models
+def parse_gpus(out: str) -> list[tuple[str, str]]:
+    """nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader -> [(name, "X.Y")]."""
+    rows = [ln.rsplit(",", 1) for ln in out.splitlines() if "," in ln]
+    return [(name.strip(), cap.strip()) for name, cap in rows]
+
+
+def _capability(text: str) -> tuple[int, int]:
+    try:
+        major, minor = (int(x) for x in text.split("."))
+    except ValueError:
+        return (0, 0)
+    return major, minor
+
+
+def plan_gpus(
+    found: list[tuple[str, str]], wanted: int, nproc: int, minimum: str
+) -> tuple[list[str], int]:
+    """(problems, GPUs to use). ``wanted`` -1: every GPU found (the inventory has no gpus);
+    more ranks than GPUs would share a GPU (NCCL fails with "Duplicate GPU"); a GPU below
+    ``minimum`` cannot run the image's CUDA."""
+    gpus = len(found) if wanted < 0 else wanted
+    problems = []
+    if gpus > len(found):
+        problems.append(f"{len(found)} GPUs visible, inventory says gpus={gpus}")
+    if gpus > 0 and nproc > gpus:
+        problems.append(f"train_nproc_per_node={nproc} is more than the {gpus} GPUs to use")
+    low = [
+        f"GPU {i} ({name}) has compute capability {cap}, below {minimum}"
+        for i, (name, cap) in enumerate(found[:gpus])
+        if _capability(cap) < _capability(minimum)
+    ]
+    return problems + low, gpus
+
+
+def check_gpus(
+    module: AnsibleModule, wanted: int, nproc: int, minimum: str
+) -> tuple[list[str], int, list[tuple[str, str]]]:
+    """(problems, GPUs to use, [(model, capability)]) from nvidia-smi; a host without
+    nvidia-smi has no GPUs (and must not be asked for any)."""
+    found: list[tuple[str, str]] = []
+    smi = module.get_bin_path("nvidia-smi") if wanted != 0 else None
+    if smi:
+        query = [smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"]
+        rc, out, err = module.run_command(query)
+        if rc != 0:
+            return [f"nvidia-smi failed: {(err or out).strip() or rc}"], 0, []
+        found = parse_gpus(out)
+    problems, gpus = plan_gpus(found, wanted, nproc, minimum)
+    return problems, gpus, found
+
+
+def infiniband_devices(root: str = "/dev/infiniband") -> list[str]:
+    """The RDMA character devices (uverbs*, rdma_cm, umad*, issm*) a container needs."""
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    return [os.path.join(root, n) for n in names if not os.path.isdir(os.path.join(root, n))]
+
+
+def check_rdma(devices: list[str], granted: dict[str, int]) -> list[str]:
+    """RDMA pins memory: with InfiniBand/RoCE devices the engine must allow unlimited memlock."""
+    if devices and granted.get("memlock", -1) != -1:
+        return [
+            f"/dev/infiniband is present but the Docker engine caps memlock at "
+            f"{granted['memlock']} bytes (RDMA needs unlimited; raise dockerd's LimitMEMLOCK)"
+        ]
+    return []
 
 
 def main() -> None:
@@ -147,17 +227,29 @@ def main() -> None:
             "peers": {"type": "list", "elements": "dict", "required": True},
             "shm_mb": {"type": "int", "required": True},
             "ipc_host": {"type": "bool", "default": False},
-            "gpus": {"type": "int", "default": 0},
+            "gpus": {"type": "int", "default": -1},
+            "nproc": {"type": "int", "default": 0},
+            "min_compute_capability": {"type": "str", "default": "7.5"},
         },
         supports_check_mode=True,
     )
     p = module.params
     problems = check_names(p["peers"]) + check_shm(p["shm_mb"], p["ipc_host"])
-    gpu_problems, models = check_gpus(module, p["gpus"])
-    problems += gpu_problems
+    gpu_problems, gpus, found = check_gpus(
+        module, p["gpus"], p["nproc"], p["min_compute_capability"]
+    )
+    granted, ib = engine_ulimits(dockerd_pid()), infiniband_devices()
+    problems += gpu_problems + check_rdma(ib, granted)
     if problems:
         module.fail_json(msg=f"preflight failed on {p['host']}: " + "; ".join(problems))
-    module.exit_json(changed=False, gpu_models=models, ulimits=engine_ulimits(dockerd_pid()))
+    module.exit_json(
+        changed=False,
+        gpus=gpus,
+        gpu_models=[name for name, _ in found],
+        gpu_capabilities=[cap for _, cap in found],
+        infiniband_devices=ib,
+        ulimits=granted,
+    )
 
 
 if __name__ == "__main__":
