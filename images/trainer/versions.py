@@ -1,4 +1,5 @@
-"""Print the training stack's versions: torch, CUDA, cuDNN, NCCL, torchvision, trainer.
+"""Print the training stack's versions: torch, CUDA, cuDNN, NCCL, torchvision, trainer (and
+whether the RDMA userspace NCCL uses for InfiniBand is there).
 
 Run at image build time (the build log records them) and on demand:
 ``docker run --rm IMAGE python /opt/ddpfleet/versions.py``. Exits non-zero if the stack
@@ -7,6 +8,7 @@ does not import. On a CPU-only base the CUDA-side values print as "unavailable".
 
 from __future__ import annotations
 
+import ctypes.util
 import importlib
 import importlib.metadata
 import sys
@@ -39,6 +41,8 @@ def versions() -> dict[str, str]:
         "cudnn": str(cudnn or "unavailable"),
         "nccl": _nccl_version(torch),
         "gpus visible": str(torch.cuda.device_count()),
+        # NCCL loads it for InfiniBand/RoCE; CUDA images carry it, CPU (sandbox) ones need not
+        "libibverbs": "present" if ctypes.util.find_library("ibverbs") else "absent",
     }
 
 
