@@ -3,12 +3,18 @@ and preflight refuses bad input before any host changes."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
 from site_fixtures import PlaybookRun, run_site
 
 # The no-op re-run's goal is 60 s; fail only well past it, so a busy 2-core machine
@@ -132,3 +138,179 @@ def test_docker_only_reloads_under_a_training_container(
     assert restored.rc == 0, restored.tail()
     daemon = json.loads(sandbox.ssh(node, "cat /etc/docker/daemon.json").stdout)
     assert daemon["log-opts"]["max-file"] == "5"
+
+
+# --- hardening (issue 11): secrets in --diff, certificate renewal, daemon.json validation,
+# --- held-back dockerd restarts, the image build lock ---------------------------------------
+
+IMAGE_LOCK = "/var/lib/ddpfleet/trainer_image.lock"
+RESTART_MARKER = "/etc/ddpfleet/docker-restart-pending"
+
+
+def _secrets(sandbox: Any) -> Path:
+    return sandbox.inventory.parent / ".secrets"
+
+
+def _sign_short_lived(secrets: Path, days: int) -> None:
+    """Replace the controller's registry.crt by one for the same key and names, signed by
+    the cluster CA, that expires in ``days``."""
+    ca_cert = x509.load_pem_x509_certificate((secrets / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((secrets / "ca.key").read_bytes(), None)
+    old = x509.load_pem_x509_certificate((secrets / "registry.crt").read_bytes())
+    now = dt.datetime.now(dt.timezone.utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(old.subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(old.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(days=1))
+        .not_valid_after(now + dt.timedelta(days=days))
+    )
+    for ext in old.extensions:
+        builder = builder.add_extension(ext.value, ext.critical)
+    cert = builder.sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    (secrets / "registry.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def test_registry_diff_shows_no_key_material(provisioned: PlaybookRun, sandbox: Any) -> None:
+    """--diff of the registry tasks, with the key and htpasswd on the node drifted so that
+    the tasks that handle them do change: nothing secret is printed, and both are repaired."""
+    first = sandbox.nodes[0]
+    drift = (
+        "printf '\\n' >> /etc/docker/registry/registry.key && "
+        "echo 'intruder:$2y$05$abcdefghijklmnopqrstuu' >> /etc/docker/registry/htpasswd"
+    )
+    assert sandbox.ssh(first, drift).returncode == 0
+    run = run_site(sandbox, "--tags", "registry", "--diff")
+    assert run.rc == 0, run.tail()
+    out = run.stdout + run.stderr
+    password = (_secrets(sandbox) / "registry_password").read_text().strip()
+    assert "PRIVATE KEY" not in out
+    assert password not in out
+    for marker in ("$2y$", "$2b$", "$2a$", "intruder"):
+        assert marker not in out
+    assert run.recap[first.name]["changed"] >= 1  # the key and htpasswd were repaired
+    key = sandbox.ssh(first, "cat /etc/docker/registry/registry.key").stdout
+    assert key == (_secrets(sandbox) / "registry.key").read_text()
+    assert "intruder" not in sandbox.ssh(first, "cat /etc/docker/registry/htpasswd").stdout
+
+
+def test_registry_certificate_close_to_expiry_is_reissued(
+    provisioned: PlaybookRun, sandbox: Any
+) -> None:
+    secrets = _secrets(sandbox)
+    _sign_short_lived(secrets, days=10)
+    run = run_site(sandbox, "--tags", "registry")
+    assert run.rc == 0, run.tail()
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = x509.load_pem_x509_certificate((secrets / "registry.crt").read_bytes())
+    assert cert.not_valid_after_utc > now + dt.timedelta(days=700)
+    installed = sandbox.ssh(sandbox.nodes[0], "cat /etc/docker/registry/registry.crt").stdout
+    assert installed == (secrets / "registry.crt").read_text()
+    # The restarted registry serves it, and every node still verifies and pulls.
+    registry = f"{sandbox.nodes[0].ip}:5000"
+    served = sandbox.ssh(
+        sandbox.nodes[-1],
+        f"openssl s_client -connect {registry} </dev/null 2>/dev/null"
+        " | openssl x509 -noout -checkend 2592000",
+    )
+    assert served.returncode == 0, served.stdout + served.stderr
+    pulled = sandbox.ssh(sandbox.nodes[-1], f"docker pull {registry}/ddpfleet/smoke:1")
+    assert pulled.returncode == 0, pulled.stderr
+
+
+def test_invalid_daemon_json_addition_is_refused_without_replacing_the_file(
+    provisioned: PlaybookRun, sandbox: Any
+) -> None:
+    node = sandbox.nodes[-1]
+    before = sandbox.ssh(node, "sha256sum /etc/docker/daemon.json").stdout
+    pid = "systemctl show --property=MainPID --value docker"
+    pid_before = sandbox.ssh(node, pid).stdout.strip()
+    run = run_site(
+        sandbox, "--limit", node.name, "--tags", "docker",
+        "-e", json.dumps({"docker_daemon_options": {"bogus-key": 1}}),
+    )  # fmt: skip
+    assert run.rc != 0
+    assert "bogus-key" in run.stdout
+    assert sandbox.ssh(node, "sha256sum /etc/docker/daemon.json").stdout == before
+    assert sandbox.ssh(node, pid).stdout.strip() == pid_before
+    assert sandbox.ssh(node, "systemctl is-active docker").stdout.strip() == "active"
+
+
+def test_held_back_restart_is_applied_by_the_next_run_without_training(
+    provisioned: PlaybookRun, sandbox: Any
+) -> None:
+    node = sandbox.nodes[-1]
+    image = sandbox.ssh(node, "cat /etc/ddpfleet/trainer_image").stdout.strip()
+    started = sandbox.ssh(
+        node,
+        "docker run -d --name ddpfleet-e2e-pending --label io.ddpfleet.run_id=e2e-pending "
+        f"--entrypoint sleep {image} 600",
+    )
+    assert started.returncode == 0, started.stderr
+    pid = "systemctl show --property=MainPID --value docker"
+    try:
+        held = run_site(
+            sandbox, "--limit", node.name, "--tags", "docker", "-e", "docker_log_max_file=7"
+        )
+        assert held.rc == 0, held.tail()
+        assert "dockerd was only reloaded" in held.stdout
+        assert sandbox.ssh(node, f"test -f {RESTART_MARKER}").returncode == 0
+    finally:
+        sandbox.ssh(node, "docker rm -f ddpfleet-e2e-pending")
+    before = sandbox.ssh(node, pid).stdout.strip()
+    # Same setting again: daemon.json does not change, only the marker asks for the restart.
+    applied = run_site(
+        sandbox, "--limit", node.name, "--tags", "docker", "-e", "docker_log_max_file=7"
+    )
+    assert applied.rc == 0, applied.tail()
+    assert sandbox.ssh(node, pid).stdout.strip() != before
+    assert sandbox.ssh(node, f"test -e {RESTART_MARKER}").returncode != 0
+    restored = run_site(sandbox, "--limit", node.name, "--tags", "docker")
+    assert restored.rc == 0, restored.tail()
+    daemon = json.loads(sandbox.ssh(node, "cat /etc/docker/daemon.json").stdout)
+    assert daemon["log-opts"]["max-file"] == "5"
+    assert sandbox.ssh(node, f"test -e {RESTART_MARKER}").returncode != 0
+
+
+def test_image_build_lock_held_elsewhere_is_waited_for_then_named(
+    provisioned: PlaybookRun, sandbox: Any
+) -> None:
+    first = sandbox.nodes[0]
+    held = json.dumps(
+        {"host": "other-controller", "pid": 4242, "time": time.time(), "token": "e2e-other"}
+    )
+    assert sandbox.ssh(first, f"echo '{held}' > {IMAGE_LOCK}").returncode == 0
+    try:
+        run = run_site(sandbox, "--tags", "trainer_image", "-e", "trainer_image_lock_wait=5")
+        assert run.rc != 0
+        assert "is held by ansible-playbook pid 4242 on other-controller" in run.stdout
+        assert "Look for the base image" not in run.stdout
+        assert json.loads(sandbox.ssh(first, f"cat {IMAGE_LOCK}").stdout)["token"] == "e2e-other"
+    finally:
+        sandbox.ssh(first, f"rm -f {IMAGE_LOCK}")
+
+
+def test_image_build_lock_is_released_when_the_build_fails(
+    provisioned: PlaybookRun, sandbox: Any
+) -> None:
+    run = run_site(
+        sandbox, "--tags", "trainer_image",
+        "-e", "trainer_image_base=ddpfleet/e2e-absent-base:1",
+        "-e", "trainer_image_base_archive=/nonexistent/base.tar",
+    )  # fmt: skip
+    assert run.rc != 0
+    assert "Take the image build lock" in run.stdout
+    assert sandbox.ssh(sandbox.nodes[0], f"test -e {IMAGE_LOCK}").returncode != 0
+
+
+def test_two_site_runs_at_once_both_succeed_and_leave_no_lock(
+    provisioned: PlaybookRun, sandbox: Any
+) -> None:
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = list(pool.map(lambda _: run_site(sandbox, "--tags", "trainer_image"), range(2)))
+    for run in runs:
+        assert run.rc == 0, run.tail()
+        assert "Take the image build lock" in run.stdout
+    assert sandbox.ssh(sandbox.nodes[0], f"test -e {IMAGE_LOCK}").returncode != 0
