@@ -15,8 +15,8 @@ portrait, 4:3 and 3:2) to memory, then turns each into a training sample of
 
 Each path runs over every file ``--rounds`` times, alternating; a round's rate is files per
 CPU second of this process (``time.process_time``: other load on a shared machine does not
-count against either path), and the best round counts. Prints JPEGs/s per core for both, how often (b) could decode at
-reduced size, and the ratio, last.
+count against either path), and the best round counts. Prints JPEGs/s per core for both,
+how often (b) could decode at reduced size, and the ratio, last.
 """
 
 from __future__ import annotations
