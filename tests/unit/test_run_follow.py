@@ -5,7 +5,11 @@ loop fed with fake command results."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
 
@@ -56,20 +60,32 @@ def snap(**kw) -> dict:
 # --- the read ------------------------------------------------------------------------------
 
 
-def test_read_command_prints_every_record_and_parse_reads_them_back(tmp_path: Path):
-    run_dir = tmp_path / "run dir's"  # quoting: a space and a quote in the path
+NOBODY = 65534
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory the reader can reach after dropping to nobody (pytest's tmp_path is 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="ddpfleet-follow-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def read(run_dir: Path, uid: int = NOBODY, gid: int = NOBODY) -> dict:
+    cmd = follow.read_command(str(run_dir), uid, gid)
+    proc = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, check=True)
+    return follow.parse(proc.stdout)
+
+
+def test_read_command_prints_every_record_and_parse_reads_them_back(open_dir: Path):
+    run_dir = open_dir / "run dir's"  # quoting: a space and a quote in the path
     (run_dir / "nodes").mkdir(parents=True)
     (run_dir / "config.json").write_text('{"attempt": "a2"}')
     (run_dir / "summary.json").write_text('{"status": "comp')  # torn while written
     (run_dir / "nodes" / "node1.exit").write_text(json.dumps(exit_rec("node1")))
     (run_dir / "nodes" / "node1.log").write_text("not read")
-    out = subprocess.run(
-        ["/bin/sh", "-c", follow.read_command(str(run_dir))],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert follow.parse(out) == {
+    assert read(run_dir) == {
         "config.json": {"attempt": "a2"},
         "summary.json": {},
         "nodes/node1.exit": exit_rec("node1"),
@@ -77,9 +93,32 @@ def test_read_command_prints_every_record_and_parse_reads_them_back(tmp_path: Pa
 
 
 def test_read_command_of_a_missing_run_dir_prints_nothing(tmp_path: Path):
-    cmd = follow.read_command(str(tmp_path / "absent"))
+    cmd = follow.read_command(str(tmp_path / "absent"), NOBODY, NOBODY)
     proc = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, check=False)
     assert (proc.returncode, proc.stdout) == (0, "")
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="drops root's privileges, as on a node (CI is root)")
+def test_read_follows_no_link_and_reads_as_the_owner_without_root_s_groups(open_dir: Path):
+    secret = open_dir / "secret.json"  # root-only, as /etc/shadow
+    secret.write_text('{"secret": 1}')
+    secret.chmod(0o600)
+    public = open_dir / "public.json"
+    public.write_text('{"public": 1}')
+    run_dir = open_dir / "run"
+    (run_dir / "nodes").mkdir(parents=True)
+    (run_dir / "nodes" / "node1.exit").symlink_to(secret)  # planted by a container
+    (run_dir / "summary.json").symlink_to(
+        public
+    )  # a link is never followed, even to a readable file
+    os.mkfifo(run_dir / "nodes" / "node2.exit")  # would block a reader that opens it
+    group_only = run_dir / "config.json"  # readable by root's group (gid 0), not by others
+    group_only.write_text('{"attempt": "a1"}')
+    group_only.chmod(0o640)
+    (run_dir / "progress.json").write_text('{"step": 3}')
+    assert read(run_dir) == {"progress.json": {"step": 3}}
+    # read as root (uid and gid 0) config.json is there: the owner's read left it out
+    assert read(run_dir, 0, 0)["config.json"] == {"attempt": "a1"}
 
 
 # --- outcomes ------------------------------------------------------------------------------
@@ -89,6 +128,16 @@ def test_a_run_is_going_until_every_host_recorded_its_exit():
     s = snap(exits=[exit_rec("node1"), exit_rec("node2")], prog=progress())
     assert s["outcome"] is None
     assert sorted(s["exits"]) == ["node1", "node2"]
+
+
+def test_progress_line_of_a_program_without_heartbeats_says_how_long_it_runs():
+    p = {"step": 0, "program": "x.py", "elapsed_sec": 125.0,
+         "hosts": {"node1": "running", "node2": "running", "node3": "exited"}}  # fmt: skip
+    assert follow.progress_line("r", p, HOSTS) == (
+        "run r: running 2m05s (no progress reported), hosts running 2/3: node3 exited"
+    )
+    beating = {**p, "phase": "train", "step": 3}
+    assert follow.progress_line("r", beating, HOSTS).startswith("run r: step 3, loss ?")
 
 
 @pytest.mark.parametrize(
@@ -223,7 +272,8 @@ def run_action(reads: list, **args) -> tuple[dict, list[str], list[str]]:
     """Run the action on a list of reads (dicts of records, or an int: a failed command with
     that rc). Returns (result, lines displayed, commands run); the last read repeats."""
     task = mock.MagicMock(async_val=0, check_mode=False)
-    task.args = {"run_dir": "/runs/r", "run_id": "r", "hosts": HOSTS, "poll_interval": 5, **args}
+    task.args = {"run_dir": "/runs/r", "run_id": "r", "hosts": HOSTS, "poll_interval": 5,
+                 "owner_uid": 2000, "owner_gid": 2000, **args}  # fmt: skip
     action = follow.ActionModule(task, mock.MagicMock(), mock.MagicMock(), None, None, None)
     commands: list[str] = []
 
@@ -264,7 +314,7 @@ def test_follow_prints_a_line_per_step_change_and_returns_the_outcome():
     ]
     assert result["lines"] == shown
     assert len(commands) == 5
-    assert all(c.startswith("cd /runs/r ") for c in commands)
+    assert all(c == follow.read_command("/runs/r", 2000, 2000) for c in commands)
 
 
 def test_follow_waits_a_moment_for_summary_json():

@@ -1,7 +1,8 @@
 """ddpfleet_run_follow: follow a run through the records its agents write (read-only).
 
-Each poll is one `cat` of config.json, summary.json, progress.json and nodes/*.exit over the
-task's connection: no module shipped, nothing written, so stopping the controller never
+Each poll is one read of config.json, summary.json, progress.json and nodes/*.exit over the
+task's connection (python3 -c, as the storage owner with no supplementary groups, never
+following a link): no module shipped, nothing written, so stopping the controller never
 touches the run. once: a single read, with the run's status word and status.yml's lines
 (containers: {host: docker state or ''}). Returns outcome, summary, exits, progress, config,
 attempt and lines (the progress lines shown).
@@ -29,16 +30,52 @@ SPEC = {
     "stale_after": {"type": "float", "default": 90.0},
     "once": {"type": "bool", "default": False},
     "containers": {"type": "dict", "default": {}},
+    "owner_uid": {"type": "int", "required": True},
+    "owner_gid": {"type": "int", "required": True},
 }
 
 
-def read_command(run_dir: str) -> str:
-    """One read-only shell command: each record that exists, behind a marker line."""
-    return (
-        f"cd {shlex.quote(run_dir)} 2>/dev/null || exit 0; "
-        "for f in config.json summary.json progress.json nodes/*.exit; do "
-        f'if [ -f "$f" ]; then echo "{MARK} $f"; cat "$f"; echo; fi; done'
-    )
+# Run by the node's python3 as root, over the task's connection: drop to the storage owner's
+# uid and gid with no supplementary groups (what the ranks themselves may read), then read the
+# records without following a link (a container may plant one: nodes/x.exit -> /etc/shadow),
+# regular files only, at most 1 MiB each.
+READER = r"""
+import os, stat, sys
+run_dir, uid, gid, mark = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+if os.getuid() == 0:
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+out = sys.stdout.buffer
+def opendir(name, parent=None):
+    try:
+        return os.open(name, NOFOLLOW | os.O_DIRECTORY, dir_fd=parent)
+    except OSError:
+        return None
+def emit(shown, parent, name):
+    try:
+        fd = os.open(name, NOFOLLOW, dir_fd=parent)
+    except OSError:
+        return
+    with os.fdopen(fd, "rb") as fh:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            out.write(("%s %s\n" % (mark, shown)).encode() + fh.read(1 << 20) + b"\n")
+top = opendir(run_dir)
+if top is not None:
+    for name in ("config.json", "summary.json", "progress.json"):
+        emit(name, top, name)
+    nodes = opendir("nodes", top)
+    for name in sorted(os.listdir(nodes)) if nodes is not None else []:
+        if name.endswith(".exit"):
+            emit("nodes/" + name, nodes, name)
+"""
+
+
+def read_command(run_dir: str, uid: int, gid: int) -> str:
+    """One read-only command: each record that exists, behind a marker line."""
+    args = [run_dir, str(uid), str(gid), MARK]
+    return f"python3 -c {shlex.quote(READER)} " + " ".join(shlex.quote(a) for a in args)
 
 
 def parse(out: str) -> dict[str, dict]:
@@ -117,6 +154,11 @@ def progress_line(run_id: str, p: dict, hosts: list[str]) -> str:
     states = p.get("hosts") or {}
     up = [h for h in hosts if states.get(h) == "running"]
     others = ", ".join(f"{h} {states.get(h, 'unknown')}" for h in hosts if h not in up)
+    if p.get("program") and not p.get("phase"):  # a user's program that writes no heartbeat
+        return (
+            f"run {run_id}: running {duration(p.get('elapsed_sec'))} (no progress reported), "
+            f"hosts running {len(up)}/{len(hosts)}{': ' + others if others else ''}"
+        )
     return (
         f"run {run_id}: {where}, loss {_num(p.get('loss'), '.4f')}, "
         f"{_num(p.get('images_per_sec'), '.1f')} img/s, ETA {duration(p.get('eta_sec'))}, "
@@ -157,9 +199,10 @@ class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _supports_check_mode = True
 
-    def _read(self, run_dir: str) -> tuple[dict | None, str]:
+    def _read(self, a: dict) -> tuple[dict | None, str]:
+        cmd = read_command(a["run_dir"], a["owner_uid"], a["owner_gid"])
         try:
-            res = self._low_level_execute_command(read_command(run_dir), sudoable=False)
+            res = self._low_level_execute_command(cmd, sudoable=False)
         except AnsibleConnectionFailure as exc:
             return None, str(exc)
         if res.get("rc") != 0:
@@ -176,7 +219,7 @@ class ActionModule(ActionBase):
         # writes it when node rank 0's is gone): give it this long.
         grace = max(15.0, 2 * a["poll_interval"])
         while a["once"] or time.monotonic() - last_change <= a["stale_after"]:
-            files, error = self._read(a["run_dir"])
+            files, error = self._read(a)
             now = time.monotonic()
             if files is None and a["once"]:
                 break
@@ -187,10 +230,12 @@ class ActionModule(ActionBase):
                     result["status_lines"] = status_lines(run_id, status, snap, a["containers"])
                     return self._done(result, snap, status, [snap["line"]] * bool(snap["line"]))
                 p = snap["progress"]
-                if snap["line"] and (p.get("step"), p.get("hosts")) != shown:
+                # a program without heartbeats has no steps: say it runs once a minute
+                minute = int(p.get("elapsed_sec") or 0) // 60 if p.get("program") else None
+                if snap["line"] and (p.get("step"), p.get("hosts"), minute) != shown:
                     display.display(snap["line"])
                     lines.append(snap["line"])
-                    shown = (p.get("step"), p.get("hosts"))
+                    shown = (p.get("step"), p.get("hosts"), minute)
                 if (p, sorted(snap["exits"])) != seen:
                     seen, last_change = (p, sorted(snap["exits"])), now
                 ended_at = (ended_at or now) if snap["outcome"] else None
