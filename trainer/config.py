@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 from pathlib import Path
 from typing import NoReturn
@@ -165,8 +166,10 @@ def get_args_parser() -> argparse.ArgumentParser:
     out.add_argument(
         "--resume",
         default=d.resume,
-        metavar="{auto,never,PATH}",
-        help="auto: newest complete checkpoint in --output-dir",
+        metavar="{auto,never,archive,PATH}",
+        help="auto: the newest readable checkpoint in --output-dir; never: start over (refused "
+        "when --output-dir has checkpoints); archive: move its checkpoints, metrics and "
+        "summary to archive/<time>/ and start over; or a checkpoint file",
     )
     out.add_argument("--log-every", type=int, default=d.log_every, help="steps per metrics row")
     out.add_argument(
@@ -183,8 +186,18 @@ _NON_NEGATIVE = ("max_steps", "checkpoint_every", "workers", "throughput_warmup"
 _NON_NEGATIVE += ("max_bad_samples",)
 
 
+def _check_finite(cfg: TrainConfig) -> None:
+    """nan and inf parse as floats and pass every comparison: refuse them for every flag."""
+    for field in dataclasses.fields(cfg):
+        value = getattr(cfg, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            flag = "--" + field.name.replace("_", "-")
+            raise BadInputError(f"{flag} must be a finite number (got {value})")
+
+
 def validate(cfg: TrainConfig) -> None:
     """Raise BadInputError for options that cannot work; touches the file system read-only."""
+    _check_finite(cfg)
     for name in _POSITIVE:
         if getattr(cfg, name) < 1:
             raise BadInputError(f"--{name.replace('_', '-')} must be at least 1")
@@ -205,7 +218,7 @@ def validate(cfg: TrainConfig) -> None:
             raise BadInputError(f"--data-dir {cfg.data_dir}: no such directory")
         if not train.is_dir():
             raise BadInputError(f"--data-dir {cfg.data_dir}: no train/ directory")
-    if cfg.resume not in ("auto", "never") and not Path(cfg.resume).is_file():
+    if cfg.resume not in ("auto", "never", "archive") and not Path(cfg.resume).is_file():
         raise BadInputError(f"--resume {cfg.resume}: no such file")
 
 

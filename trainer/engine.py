@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import torch
@@ -12,7 +13,7 @@ from torch.utils.data import DataLoader
 from trainer import distributed as dist_utils
 from trainer.config import TrainConfig
 from trainer.inputs import InputPipeline
-from trainer.metrics import LOG, Heartbeat, MetricsLog, Throughput
+from trainer.metrics import LOG, Heartbeat, MetricsLog, NonFiniteError, Throughput
 from trainer.model import autocast
 from trainer.stop import StopFlag
 
@@ -43,11 +44,19 @@ class Run:
     inputs: InputPipeline | None = None  # the runner sets it: decode/move, bad samples
 
 
-def _log_interval(run: Run, loss_sum: torch.Tensor, count: int) -> bool:
+def _first_nonfinite(run: Run, bad_step: torch.Tensor) -> int:
+    """Collective: the first step of this interval whose loss was NaN or infinite on any
+    rank (0: none). One device sync: called at checkpoints and on a non-finite interval."""
+    steps = [int(s) for s in dist_utils.gather_objects(run.env, int(bad_step.item())) if s]
+    return min(steps, default=0)
+
+
+def _log_interval(run: Run, loss_sum: torch.Tensor, count: int, bad_step: torch.Tensor) -> bool:
     """All-reduce the interval's loss, throughput and stop signals; rank 0 writes a row.
 
     Returns whether the ranks agreed to stop: the stop signal rides on this all-reduce, the
     loop's only collective besides DDP's, so a stop costs nothing between log intervals.
+    A non-finite loss sum (the same on every rank) raises NonFiniteError on every rank.
     """
     rate = run.meter.interval()
     inputs = run.inputs
@@ -58,6 +67,9 @@ def _log_interval(run: Run, loss_sum: torch.Tensor, count: int) -> bool:
     )
     if bad > inputs.max_bad:  # every rank at once: more unreadable samples than allowed
         inputs.check(int(bad), dist_utils.gather_objects(run.env, inputs.bad_paths))
+    if not math.isfinite(total_loss):
+        step = _first_nonfinite(run, bad_step) or run.step
+        raise NonFiniteError(f"loss became non-finite at step {step}", step)
     run.last_loss = total_loss / max(total_count, 1.0)
     run.heartbeat.interval(run.last_loss, total_rate)
     lr = run.optimizer.param_groups[0]["lr"]
@@ -99,6 +111,7 @@ def train_one_epoch(
     run.model.train()
     beat.progress(phase="train", epoch=run.epoch)
     loss_sum = torch.zeros((), device=env.device)
+    bad_step = torch.zeros((), dtype=torch.int64, device=env.device)  # first non-finite loss
     count = batches = 0
     for images, labels in loader:
         beat.progress()
@@ -113,6 +126,7 @@ def train_one_epoch(
         run.step += 1
         batches += 1
         loss_sum += loss.detach().float()
+        bad_step.masked_fill_(~torch.isfinite(loss_sum) & (bad_step == 0), run.step)  # no sync
         count += 1
         done = run.step >= run.total_steps
         if done and env.device.type == "cuda":
@@ -120,16 +134,19 @@ def train_one_epoch(
         run.meter.step(len(y))
         beat.progress(step=run.step)
         if run.step % cfg.log_every == 0 or done:
-            stopped = _log_interval(run, loss_sum, count)
+            stopped = _log_interval(run, loss_sum, count, bad_step)
             loss_sum.zero_()
+            bad_step.zero_()
             count = 0
             if stopped:
                 return True, batches
         if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0 and not done:
+            if bad := _first_nonfinite(run, bad_step):  # no checkpoint after a NaN loss
+                raise NonFiniteError(f"loss became non-finite at step {bad}", bad)
             on_checkpoint(batches)
         if done:
             break
-    stopped = bool(count) and _log_interval(run, loss_sum, count)  # the epoch's last step
+    stopped = bool(count) and _log_interval(run, loss_sum, count, bad_step)  # epoch's last step
     return stopped, batches
 
 

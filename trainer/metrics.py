@@ -13,6 +13,14 @@ from pathlib import Path
 LOG = logging.getLogger("trainer")
 
 
+class NonFiniteError(RuntimeError):
+    """The loss or the weights became NaN or infinite at ``step``: the run has diverged."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
+
 def write_json_atomic(path: Path, obj: object) -> None:
     """Write JSON to a temp file beside ``path`` and rename it into place."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

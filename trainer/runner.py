@@ -25,7 +25,7 @@ from trainer.data import build_datasets, build_loader, mean_std
 from trainer.decode import decode_choice
 from trainer.engine import Run, evaluate, stop_agreed, train_one_epoch
 from trainer.inputs import SHOWN_PATHS, InputPipeline
-from trainer.metrics import LOG, Heartbeat, MetricsLog, Throughput, setup_logging
+from trainer.metrics import LOG, Heartbeat, MetricsLog, NonFiniteError, Throughput, setup_logging
 from trainer.metrics import write_json_atomic as write_json
 from trainer.model import (
     build_model,
@@ -42,24 +42,85 @@ from trainer.stop import StopFlag
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
-def _resume_state(cfg: TrainConfig) -> dict[str, object] | None:
-    """The checkpoint to start from, loaded before anything is written."""
+def _choose(cfg: TrainConfig) -> tuple[dict[str, object], dict | None]:
+    """Rank 0: the resume plan ``{path, skipped, error}`` and the state it loaded (if any)."""
+    directory = ckpt.checkpoint_dir(Path(cfg.output_dir))
+    skipped: list[str] = []
+    plan: dict[str, object] = {"path": None, "skipped": skipped, "error": None}
+    if cfg.resume == "archive":
+        return plan, None
     if cfg.resume == "never":
-        return None
-    if cfg.resume == "auto":
-        found = ckpt.find_latest(ckpt.checkpoint_dir(Path(cfg.output_dir)))
-        return found[1] if found else None
+        existing = ckpt.list_checkpoints(directory)
+        if existing:
+            plan["error"] = (
+                f"--resume never: {directory} has {len(existing)} checkpoint(s) "
+                f"(newest {existing[0][1].name}); continue with --resume auto, or start over "
+                f"with --resume archive (moves them to {Path(cfg.output_dir) / 'archive'})"
+            )
+        return plan, None
     try:
-        return ckpt.load_checkpoint(Path(cfg.resume))
+        if cfg.resume == "auto":
+            found = ckpt.find_latest(directory, skipped)
+            if found is None:
+                return plan, None
+            plan["path"] = str(found[0])
+            return plan, found[1]
+        plan["path"] = cfg.resume
+        return plan, ckpt.load_checkpoint(Path(cfg.resume))
     except ckpt.CheckpointError as exc:
-        raise BadInputError(f"--resume {exc}") from None
+        hint = "; fix or remove them, or start over with --resume archive"
+        plan["error"] = f"--resume {exc}" if cfg.resume != "auto" else f"--resume auto: {exc}{hint}"
+        return plan, None
+
+
+def _resume_state(cfg: TrainConfig, env: dist_utils.DistEnv) -> tuple[dict | None, dict]:
+    """Collective: rank 0 chooses the checkpoint (or refuses) and every rank loads that one.
+
+    Nothing is written: a refusal (BadInputError on every rank alike) leaves the checkpoints
+    and metrics.jsonl as they were.
+    """
+    plan, state = _choose(cfg) if env.is_main else (None, None)
+    plan = dist_utils.gather_objects(env, plan)[0]  # rank 0's plan, on every rank
+    if plan["error"]:
+        raise BadInputError(str(plan["error"]))
+    if plan["path"] is None:
+        return None, plan
+    error = None
+    if not env.is_main:
+        try:
+            state = ckpt.load_checkpoint(Path(str(plan["path"])))
+        except ckpt.CheckpointError as exc:
+            error = f"rank {env.rank} cannot read the checkpoint rank 0 chose: {exc}"
+    errors = [e for e in dist_utils.gather_objects(env, error) if e]
+    if errors:
+        raise BadInputError(str(errors[0]))
+    return state, plan
+
+
+def _start_records(cfg: TrainConfig, plan: dict) -> None:
+    """Rank 0, once everything is validated: move the old run aside (--resume archive) or
+    make the resumed checkpoint the newest, and say which unreadable ones were skipped."""
+    out = Path(cfg.output_dir)
+    for error in plan["skipped"]:
+        LOG.warning("skipped an unreadable checkpoint: %s", error)
+    if cfg.resume == "archive":
+        moved = ckpt.archive_run(out)
+        if moved is not None:
+            LOG.info("moved the previous checkpoints, metrics and summary to %s", moved)
+    elif plan["path"] is not None:
+        path = Path(str(plan["path"]))
+        if path.parent.resolve() == ckpt.checkpoint_dir(out).resolve():
+            ckpt.put_first(path)
+    if plan["path"] is not None:
+        LOG.info("resuming from %s", plan["path"])
 
 
 def _prepare(cfg: TrainConfig, env: dist_utils.DistEnv, heartbeat: Heartbeat) -> tuple:
     """Validate everything that can be wrong with the input; write nothing but a probe
     (and, once the output directory proved writable, the heartbeat: the scan can be long)."""
     check_output_dir(cfg.output_dir)
-    state = _resume_state(cfg)
+    dist_utils.init_distributed(env, cfg.dist_timeout)  # rank 0 chooses the checkpoint for all
+    state, plan = _resume_state(cfg, env)
     heartbeat.start(Path(cfg.output_dir))  # already started under the agent
     heartbeat.progress(step=int(state["step"]) if state else 0, phase="scan")
     cfg.batch_size = default_batch_size(cfg.batch_size, env.device.type)
@@ -68,7 +129,7 @@ def _prepare(cfg: TrainConfig, env: dist_utils.DistEnv, heartbeat: Heartbeat) ->
     except ValueError as exc:
         raise BadInputError(str(exc)) from None
     train_ds, val_ds, num_classes = build_datasets(cfg, encoded=cfg.decode == "gpu")
-    heartbeat.progress(phase="start")  # until training: the rendezvous waits for every rank
+    heartbeat.progress(phase="start")  # until training: DDP's first broadcast waits for all
     cfg.num_classes = num_classes
     amp_dtype = resolve_amp(cfg.amp, env.device)
     model = build_model(cfg.arch, num_classes)
@@ -85,7 +146,7 @@ def _prepare(cfg: TrainConfig, env: dist_utils.DistEnv, heartbeat: Heartbeat) ->
         raise BadInputError(
             f"{len(train_ds)} training images: fewer than one global batch ({world_batch})"  # type: ignore[arg-type]
         )
-    return state, train_ds, val_ds, amp_dtype, model
+    return state, plan, train_ds, val_ds, amp_dtype, model
 
 
 def _loop(
@@ -124,10 +185,9 @@ def _validate(run: Run, loader: DataLoader, last: float | None) -> tuple[bool, f
 def _train(
     cfg: TrainConfig, env: dist_utils.DistEnv, prepared: tuple, stop: StopFlag, heartbeat: Heartbeat
 ) -> dict:
-    state, train_ds, val_ds, amp_dtype, model = prepared
+    state, plan, train_ds, val_ds, amp_dtype, model = prepared
     out = Path(cfg.output_dir)
     start_step = int(state["step"]) if state else 0
-    dist_utils.init_distributed(env, cfg.dist_timeout)
     pin = env.device.type == "cuda"
     if pin:
         torch.backends.cudnn.benchmark = True
@@ -170,6 +230,7 @@ def _train(
     start_batch = ckpt.restore_run(run, state) if state else 0
     heartbeat.progress(step=run.step, epoch=run.epoch)
     if env.is_main:
+        _start_records(cfg, plan)
         run.metrics = MetricsLog(out / "metrics.jsonl", start_step if state else None)
     LOG.info("world %d, device %s, amp %s, %d steps", env.world_size, env.device, amp_dtype, total)
     stopped, accuracy, start_batch = _loop(run, train_loader, val_loader, start_batch, epochs)
@@ -180,7 +241,8 @@ def _train(
     digests = dist_utils.gather_objects(env, dist_utils.param_digest(model))
     bad = sorted({p for ps in dist_utils.gather_objects(env, run.inputs.bad_paths) for p in ps})
     known = [r for r in rates if r is not None]
-    return {
+    skipped = {"skipped_checkpoints": plan["skipped"]} if plan["skipped"] else {}
+    return skipped | {
         "status": "stopped" if stopped else "completed",
         "steps": run.step,
         "epoch": run.epoch,
@@ -221,12 +283,25 @@ def _run(argv: list[str] | None, stop: StopFlag, env: dist_utils.DistEnv, hb: He
     except BadInputError as exc:
         if env.local_rank == 0:
             sys.stderr.write(f"trainer: error: {exc}\n")
+        dist_utils.teardown(env)  # joined already when a rank-0 refusal reached every rank
         return EXIT_BAD_INPUT
     setup_logging(Path(cfg.output_dir), env.rank)
     summary: dict[str, object] = {"world_size": env.world_size}
+    agreed = False  # a failure every rank raised at the same point: the group can be torn down
     try:
         summary |= _train(cfg, env, prepared, stop, hb)
         code = 128 + stop.agreed if summary["status"] == "stopped" else EXIT_OK
+    except NonFiniteError as exc:  # diverged, on every rank alike: no traceback, no checkpoint
+        LOG.error("training failed: %s", exc)
+        newest = ckpt.list_checkpoints(ckpt.checkpoint_dir(Path(cfg.output_dir)))[:1]
+        summary |= {
+            "status": "failed",
+            "error": str(exc),
+            "nonfinite_step": exc.step,
+            "last_checkpoint": f"checkpoints/{newest[0][1].name}" if newest else None,
+        }
+        code = EXIT_FAILED
+        agreed = True
     except Exception as exc:  # any training failure: record it, exit 1
         LOG.error("training failed: %s\n%s", exc, traceback.format_exc())
         summary |= {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
@@ -235,6 +310,6 @@ def _run(argv: list[str] | None, stop: StopFlag, env: dist_utils.DistEnv, hb: He
     if env.is_main:
         write_json(Path(cfg.output_dir) / "summary.json", summary)
         LOG.info("summary %s", summary)
-    if code != EXIT_FAILED:
+    if code != EXIT_FAILED or agreed:
         dist_utils.teardown(env)
     return code

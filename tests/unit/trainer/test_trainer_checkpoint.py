@@ -11,9 +11,11 @@ import torch
 
 from trainer.checkpoint import (
     CheckpointError,
+    archive_run,
     find_latest,
     list_checkpoints,
     load_checkpoint,
+    put_first,
     save_checkpoint,
 )
 
@@ -59,11 +61,79 @@ def test_killed_during_save_leaves_previous_checkpoint_loadable(tmp_path: Path) 
     assert not list(tmp_path.glob(".step-*"))
 
 
-def test_damaged_newest_is_skipped(tmp_path: Path) -> None:
+def test_damaged_newest_is_skipped_and_named(tmp_path: Path) -> None:
     save_checkpoint(tmp_path, state(1), keep=3)
+    save_checkpoint(tmp_path, state(2), keep=3)
     (tmp_path / "step-000000002.pt").write_bytes(b"garbage")
-    path, _ = find_latest(tmp_path)
+    skipped: list[str] = []
+    path, _ = find_latest(tmp_path, skipped)
     assert path.name == "step-000000001.pt"
+    assert len(skipped) == 1
+    assert skipped[0].startswith(f"{tmp_path / 'step-000000002.pt'}: not a readable checkpoint")
+
+
+def test_only_damaged_checkpoints_raise_not_start_over(tmp_path: Path) -> None:
+    for step in (1, 2):
+        (tmp_path / f"step-00000000{step}.pt").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match=r"no readable checkpoint in .*and 1 older one"):
+        find_latest(tmp_path)
+    assert find_latest(tmp_path / "none") is None  # no checkpoints at all: a fresh start
+
+
+def test_pruning_keeps_the_newest_written_not_the_highest_steps(tmp_path: Path) -> None:
+    """An older run's step-8 and step-9 must not push out a new run's step-1 and step-2."""
+    for step in (8, 9):
+        save_checkpoint(tmp_path, state(step), keep=2)
+    save_checkpoint(tmp_path, state(1), keep=2)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [1, 9]
+    save_checkpoint(tmp_path, state(2), keep=2)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [2, 1]
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == [
+        "step-000000001.pt", "step-000000002.pt",
+    ]  # fmt: skip
+    assert find_latest(tmp_path)[0].name == "step-000000002.pt"
+
+
+def test_a_resumed_older_checkpoint_becomes_the_newest(tmp_path: Path) -> None:
+    """Resumed from step 4 while step 8 exists: the new step 5 and step 4 are kept, 8 goes."""
+    for step in (4, 8):
+        save_checkpoint(tmp_path, state(step), keep=3)
+    put_first(tmp_path / "step-000000004.pt")
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [4, 8]
+    save_checkpoint(tmp_path, state(5), keep=2)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [5, 4]
+    assert not (tmp_path / "step-000000008.pt").exists()
+
+
+def test_unlisted_checkpoints_are_older_than_listed_ones_highest_step_first(
+    tmp_path: Path,
+) -> None:
+    for step in (3, 7):
+        torch.save(state(step), tmp_path / f"step-00000000{step}.pt")  # copied in by hand
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [7, 3]
+    save_checkpoint(tmp_path, state(5), keep=2)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [5, 7]
+    (tmp_path / "order.json").write_text("{not json")  # a damaged order: by step again
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [7, 5]
+
+
+def test_archive_moves_the_old_run_aside(tmp_path: Path) -> None:
+    ckpts = tmp_path / "checkpoints"
+    save_checkpoint(ckpts, state(9), keep=2)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 9}\n')
+    (tmp_path / "summary.json").write_text('{"status": "completed"}\n')
+    (tmp_path / "logs").mkdir()
+    target = archive_run(tmp_path)
+    assert target is not None
+    assert target.parent == tmp_path / "archive"
+    assert sorted(p.name for p in (target / "checkpoints").iterdir()) == [
+        "order.json", "step-000000009.pt",
+    ]  # fmt: skip
+    assert (target / "metrics.jsonl").read_text() == '{"step": 9}\n'
+    assert (target / "summary.json").is_file()
+    assert list_checkpoints(ckpts) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["archive", "checkpoints", "logs"]
+    assert archive_run(tmp_path) is None  # nothing left to move
 
 
 @pytest.mark.parametrize("content", [b"", b"not a zip", None])
@@ -79,4 +149,4 @@ def test_unusable_file_raises_checkpoint_error(tmp_path: Path, content: bytes | 
 
 def test_no_temp_file_remains_after_a_save(tmp_path: Path) -> None:
     save_checkpoint(tmp_path, state(5), keep=1)
-    assert sorted(os.listdir(tmp_path)) == ["step-000000005.pt"]
+    assert sorted(os.listdir(tmp_path)) == ["order.json", "step-000000005.pt"]
