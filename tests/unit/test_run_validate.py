@@ -52,3 +52,26 @@ def test_data_dir_on_shared_storage_passes_the_check(data_dir: str) -> None:
     proc = train({"run_id": "r1", "train_data_dir": data_dir, "train_bogus": 1})
     assert "is not on shared storage" not in proc.stdout
     assert "unknown train option(s) train_bogus" in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("train_lr", "nan"), ("train_heartbeat_timeout", "inf"), ("train_workers", "-Infinity"),
+     ("train_warmup_epochs", "1e999"), ("train_stop_timeout", "NaN")],
+)  # fmt: skip
+def test_non_finite_number_is_refused_in_one_line(option: str, value: str) -> None:
+    """nan passed every minimum (and an inf timeout switches supervision off); an int option
+    crashed the check itself."""
+    proc = train({"run_id": "r1", "train_synthetic": True, option: value})
+    assert proc.returncode != 0
+    message = f'"msg": "{option} must be a finite number (got {value})"'
+    assert message in proc.stdout, proc.stdout[-2000:]
+    assert "UNREACHABLE" not in proc.stdout
+
+
+def test_finite_numbers_pass_the_numeric_check() -> None:
+    # the port check, the next one, stops it: still no host contacted
+    extra = {"train_lr": "0.5", "train_heartbeat_timeout": 600, "train_master_port": 70000}
+    proc = train({"run_id": "r1", "train_synthetic": True, **extra})
+    assert "must be a finite number" not in proc.stdout
+    assert "must be two different ports up to 65535" in proc.stdout, proc.stdout[-2000:]
