@@ -1,0 +1,111 @@
+"""Data safety of a run on the sandbox (issue 11, points 6 and 7).
+
+A run whose learning rate makes it diverge fails, names the step and keeps only finite
+checkpoints, and a re-run with a sane learning rate resumes from the last good one.
+``train_resume=never`` on that used run is refused without touching it. A diverged run
+restarted with ``train_resume=archive`` moves the old checkpoints aside and starts at step 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from site_fixtures import PlaybookRun, run_site
+from train_fixtures import FAST, SHARED, run_id
+
+DIVERGE = ["-e", "train_lr=1e30", "-e", "train_warmup_epochs=0", "-e", "train_max_steps=40"]
+DIVERGE += ["-e", "train_checkpoint_every=1", "-e", "train_keep_checkpoints=40"]
+
+
+def train(sandbox: Any, rid: str, *args: str) -> PlaybookRun:
+    return run_site(sandbox, "-e", f"run_id={rid}", *FAST, *args, playbook="train.yml")
+
+
+def run_file(sandbox: Any, rid: str, name: str) -> str:
+    proc = sandbox.ssh(sandbox.nodes[0], f"cat {SHARED}/runs/{rid}/{name}")
+    assert proc.returncode == 0, f"{name}: {proc.stderr}"
+    return proc.stdout
+
+
+def checkpoint_files(sandbox: Any, rid: str, where: str = "checkpoints") -> dict[str, str]:
+    """{name: size and mtime} of the run's checkpoint files."""
+    proc = sandbox.ssh(
+        sandbox.nodes[0], f"cd {SHARED}/runs/{rid}/{where} && stat -c '%n %s %Y' step-*.pt"
+    )
+    assert proc.returncode == 0, proc.stderr
+    return {line.split()[0]: line for line in proc.stdout.splitlines()}
+
+
+def steps_of(names: dict[str, str]) -> list[int]:
+    return sorted(int(re.match(r"step-(\d+)\.pt", n).group(1)) for n in names)
+
+
+def diverge(sandbox: Any, name: str) -> tuple[str, PlaybookRun, dict]:
+    rid = run_id(name)
+    run = train(sandbox, rid, *DIVERGE)
+    return rid, run, json.loads(run_file(sandbox, rid, "summary.json"))
+
+
+@pytest.fixture(scope="module")
+def diverged(cluster: Any) -> tuple[str, PlaybookRun, dict]:
+    return diverge(cluster, "nan")
+
+
+def test_diverged_run_fails_and_names_the_step(cluster: Any, diverged) -> None:
+    rid, run, s = diverged
+    assert run.rc != 0, run.tail()
+    assert s["status"] == "failed", s
+    assert re.fullmatch(r"(loss|parameters) became non-finite (at|by) step \d+.*", s["error"])
+    assert s["nonfinite_step"] < 40
+    assert rid in s["cause"]
+
+
+def test_diverged_run_kept_only_checkpoints_before_the_step(cluster: Any, diverged) -> None:
+    rid, _, s = diverged
+    steps = steps_of(checkpoint_files(cluster, rid))
+    assert steps, "the first steps were finite and checkpointed"
+    assert max(steps) <= s["nonfinite_step"]
+    assert s["last_checkpoint"] == f"checkpoints/step-{max(steps):09d}.pt"
+    log = run_file(cluster, rid, "logs/rank-0.log")
+    assert f"training failed: {s['error']}" in log
+
+
+def test_resume_never_on_the_used_run_is_refused_and_touches_nothing(
+    cluster: Any, diverged
+) -> None:
+    rid, _, _ = diverged
+    before = checkpoint_files(cluster, rid)
+    metrics = run_file(cluster, rid, "metrics.jsonl")
+    run = train(cluster, rid, "-e", "train_resume=never", "-e", "train_max_steps=4")
+    assert run.rc != 0
+    node_log = run_file(cluster, rid, f"nodes/{cluster.nodes[0].name}.log")
+    assert "trainer: error: --resume never: " in node_log, node_log[-3000:]
+    assert checkpoint_files(cluster, rid) == before
+    assert run_file(cluster, rid, "metrics.jsonl") == metrics
+
+
+def test_rerun_with_a_sane_lr_resumes_from_the_last_good_checkpoint(cluster: Any, diverged) -> None:
+    rid, _, s = diverged
+    last_good = int(s["last_checkpoint"].removeprefix("checkpoints/step-").removesuffix(".pt"))
+    run = train(cluster, rid, "-e", "train_lr=0.1", "-e", f"train_max_steps={last_good + 2}")
+    assert run.rc == 0, run.tail()
+    after = json.loads(run_file(cluster, rid, "summary.json"))
+    assert (after["status"], after["resumed_from_step"]) == ("completed", last_good)
+
+
+def test_archive_moves_a_diverged_run_aside_and_starts_over(cluster: Any) -> None:
+    rid, _, s = diverge(cluster, "archive")
+    assert s["status"] == "failed", s
+    old = checkpoint_files(cluster, rid)
+    run = train(cluster, rid, "-e", "train_resume=archive", "-e", "train_max_steps=3")
+    assert run.rc == 0, run.tail()
+    after = json.loads(run_file(cluster, rid, "summary.json"))
+    assert (after["status"], after["steps"], after["resumed_from_step"]) == ("completed", 3, None)
+    listing = cluster.ssh(cluster.nodes[0], f"ls {SHARED}/runs/{rid}/archive")
+    (stamp,) = listing.stdout.split()
+    assert checkpoint_files(cluster, rid, f"archive/{stamp}/checkpoints") == old
+    archived = json.loads(run_file(cluster, rid, f"archive/{stamp}/summary.json"))
+    assert archived["status"] == "failed"
