@@ -279,16 +279,20 @@ def _run(argv: list[str] | None, stop: StopFlag, env: dist_utils.DistEnv, hb: He
     try:
         cfg = parse_config(argv)
         dist_utils.seed_everything(cfg.seed, env.rank)
-        prepared = _prepare(cfg, env, hb)
+        prepared: tuple | Exception = _prepare(cfg, env, hb)
     except BadInputError as exc:
         if env.local_rank == 0:
             sys.stderr.write(f"trainer: error: {exc}\n")
         dist_utils.teardown(env)  # joined already when a rank-0 refusal reached every rank
         return EXIT_BAD_INPUT
+    except Exception as exc:  # not the input (e.g. joining the group failed): recorded below
+        prepared = exc
     setup_logging(Path(cfg.output_dir), env.rank)
     summary: dict[str, object] = {"world_size": env.world_size}
     agreed = False  # a failure every rank raised at the same point: the group can be torn down
     try:
+        if isinstance(prepared, Exception):
+            raise prepared
         summary |= _train(cfg, env, prepared, stop, hb)
         code = 128 + stop.agreed if summary["status"] == "stopped" else EXIT_OK
     except NonFiniteError as exc:  # diverged, on every rank alike: no traceback, no checkpoint

@@ -185,3 +185,18 @@ def test_a_rank_that_cannot_read_rank_0_s_choice_stops_every_rank(
     cfg = parse_config(["--synthetic", "--output-dir", str(tmp_path)])
     with pytest.raises(BadInputError, match=r"^rank 1 cannot read the checkpoint rank 0 chose: x$"):
         runner._resume_state(cfg, dist_utils.DistEnv(rank=0, world_size=2))
+
+
+def test_a_failure_to_join_the_group_is_recorded_as_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group is joined before the data scan now (rank 0 chooses the checkpoint): a
+    failure there is still a failed run with its summary, not a bare traceback."""
+
+    def no_peer(env: dist_utils.DistEnv, timeout: float) -> None:
+        raise RuntimeError("the rendezvous timed out")
+
+    monkeypatch.setattr(dist_utils, "init_distributed", no_peer)
+    assert main([*SYNTH, "--max-steps", "1", "--output-dir", str(tmp_path)]) == 1
+    s = read_json(tmp_path / "summary.json")
+    assert (s["status"], s["error"]) == ("failed", "RuntimeError: the rendezvous timed out")
