@@ -196,3 +196,30 @@ def test_a_run_with_too_many_unreadable_samples_fails_naming_them(tmp_path, imag
     assert summary["status"] == "failed"
     assert summary["error"].startswith("BadSamplesError: 2 unreadable samples")
     assert all(path in summary["error"] for path in bad)
+
+
+def test_gpu_chain_on_cpu_tensors_matches_the_old_pil_path() -> None:
+    """Against the PIL path the trainer had (full decode, resize(box), flip): same shape,
+    dtype and normalisation, pixels within a resampling filter's difference."""
+    plan = Planner(64, True, 7)
+    files = [_jpeg(500, 375, detail=8), _jpeg(375, 500, detail=8)]
+    reference = []
+    for i, data in enumerate(files):
+        img = Image.open(io.BytesIO(data)).convert("RGB")
+        box, flip = plan(*img.size, 0, i)
+        img = img.resize((64, 64), Image.BILINEAR, box=box)
+        img = img.transpose(Image.FLIP_LEFT_RIGHT) if flip else img
+        reference.append(torch.from_numpy(np.array(img)).permute(2, 0, 1))
+    metas = []
+    for i, data in enumerate(files):
+        box, flip = plan(*Image.open(io.BytesIO(data)).size, 0, i)
+        metas.append([0, *box, int(flip), i])
+    batch = EncodedBatch(
+        [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in files], torch.tensor(metas)
+    )
+    x, _ = InputPipeline(CPU, 64, channels_last=True, max_bad=0)(batch, torch.tensor([0, 1]), [])
+    want = to_device(torch.stack(reference), CPU, True, mean_std(CPU))
+    assert x.shape == want.shape == (2, 3, 64, 64)
+    assert x.dtype == want.dtype == torch.float32
+    assert (x - want).abs().mean() < 0.01  # 0.6 grey levels (measured 0.2: the two filters)
+    assert x.mean(dim=(0, 2, 3)) == pytest.approx(want.mean(dim=(0, 2, 3)).tolist(), abs=0.02)
