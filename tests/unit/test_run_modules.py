@@ -185,3 +185,15 @@ def test_preflight_passes_and_reports_what_the_engine_may_grant():
     result = module("ddpfleet_run_preflight", {"host": "node1", "peers": [peer], "shm_mb": 1})
     assert result["gpu_models"] == []
     assert set(result["ulimits"]) == {"memlock", "stack"}
+
+
+def test_report_lines_of_a_user_program_show_exits_wall_time_and_the_log_tail():
+    summary = {"program": "pkg.train", "status": "failed", "world_size": 4, "wall_time_sec": 12.34,
+               "hosts": {"node1": {"exit_code": 1, "outcome": "failed",
+                                   "log_tail": [f"line {i}" for i in range(8)]},
+                         "node2": {"exit_code": None, "outcome": "no exit record"}}}  # fmt: skip
+    lines = report.program_lines(summary)
+    assert lines[1].split() == ["node1", "1", "failed"]
+    assert lines[2].split() == ["node2", "?", "no", "exit", "record"]
+    assert lines[3] == "program pkg.train: status failed, world size 4, wall time 12.3s"
+    assert lines[4:] == ["last lines of node1's log:"] + [f"  line {i}" for i in range(3, 8)]

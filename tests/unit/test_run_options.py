@@ -21,7 +21,7 @@ ALL_SPECS = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["
 SPECS = {k: v for k, v in ALL_SPECS["main"]["options"].items() if k.startswith("train_")}
 SAMPLE = ROOT / "inventory" / "sample" / "group_vars" / "all" / "train.yml"
 TRAINER_FLAGS = {a.dest: a for a in get_args_parser()._actions if a.dest != "help"}
-TYPES = {"int": int, "float": float, "str": str, "bool": bool, "dict": dict}
+TYPES = {"int": int, "float": float, "str": str, "bool": bool, "dict": dict, "list": list}
 
 
 def _sample() -> dict[str, tuple[object, str]]:

@@ -38,11 +38,14 @@ def test_good_run_id_passes_the_check() -> None:
     assert "unknown train option(s) train_bogus" in proc.stdout, proc.stdout[-2000:]
 
 
-@pytest.mark.parametrize("data_dir", ["../../../etc", "a/../../..", "/etc", "/mnt/ddpfleet/../etc"])
+@pytest.mark.parametrize(
+    "data_dir",
+    ["../../../etc", "a/../../..", "/etc", "/mnt/ddpfleet/../etc", "/mnt/ddpfleet/runs/x", ".."],
+)
 def test_data_dir_outside_shared_storage_is_refused(data_dir: str) -> None:
     proc = train({"run_id": "r1", "train_data_dir": data_dir})
     assert proc.returncode != 0
-    assert f"train_data_dir {data_dir} is not on shared storage (/mnt/ddpfleet)" in proc.stdout, (
+    assert f"train_data_dir {data_dir} is not under /mnt/ddpfleet/datasets" in proc.stdout, (
         proc.stdout[-2000:]
     )
 
@@ -50,8 +53,22 @@ def test_data_dir_outside_shared_storage_is_refused(data_dir: str) -> None:
 @pytest.mark.parametrize("data_dir", ["imagenet/../imagenet-mini", "/mnt/ddpfleet/datasets/x"])
 def test_data_dir_on_shared_storage_passes_the_check(data_dir: str) -> None:
     proc = train({"run_id": "r1", "train_data_dir": data_dir, "train_bogus": 1})
-    assert "is not on shared storage" not in proc.stdout
+    assert "is not under /mnt/ddpfleet/datasets" not in proc.stdout
     assert "unknown train option(s) train_bogus" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_limit_that_leaves_trainers_out_is_refused() -> None:
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
+    playbook = Path(sys.executable).with_name("ansible-playbook")
+    extra = json.dumps({"run_id": "r1", "train_synthetic": True})
+    proc = subprocess.run(
+        [str(playbook), "-i", "inventory/sample/hosts.yml", "train.yml", "--limit", "gpu1",
+         "-e", extra],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "--limit leaves out gpu2, gpu3: drop --limit" in proc.stdout, proc.stdout[-2000:]
+    assert "UNREACHABLE" not in proc.stdout
 
 
 @pytest.mark.parametrize(

@@ -73,6 +73,13 @@ def bad_options(values: dict, specs: dict, minimums: dict) -> list[str]:
                 problems.append(f"{name} must be true or false (got {value!r})")
         elif kind == "dict" and not isinstance(value, dict):
             problems.append(f"{name} must be a mapping (got {value!r})")
+        elif kind == "list" and not (
+            isinstance(value, list)
+            and all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value)
+        ):
+            problems.append(
+                f"{name} must be a list of strings, e.g. ['--epochs', '3'] (got {value!r})"
+            )
         elif "choices" in spec and value not in spec["choices"]:
             problems.append(f"{name} must be one of {', '.join(spec['choices'])} (got {value!r})")
     return problems

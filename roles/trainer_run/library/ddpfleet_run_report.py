@@ -86,6 +86,28 @@ def report_lines(summary: dict, ratio: float = 0.9) -> list[str]:
     return lines
 
 
+def program_lines(summary: dict, tail: int = 5) -> list[str]:
+    """A user's program (summary.json written by the agents): each host's exit, the wall
+    time, and the last lines of node rank 0's log."""
+    hosts = summary.get("hosts") or {}
+    lines = [f"{'host':<16}  {'exit':>5}  outcome"]
+    for host, rec in hosts.items():
+        code = rec.get("exit_code")
+        lines.append(f"{host:<16}  {'?' if code is None else code:>5}  {rec.get('outcome', '?')}")
+    wall = _num(summary.get("wall_time_sec"))
+    lines.append(
+        f"program {summary.get('program', '?')}: status {summary.get('status', '?')}, "
+        f"world size {summary.get('world_size', '?')}, "
+        f"wall time {'?' if wall is None else f'{wall:.1f}s'}"
+    )
+    first = next(iter(hosts.values()), {})
+    shown = (first.get("log_tail") or [])[-tail:] if tail else []
+    if shown:
+        lines.append(f"last lines of {next(iter(hosts))}'s log:")
+        lines.extend(f"  {line}" for line in shown)
+    return lines
+
+
 def series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
     """(steps, values) of the metrics records that have both."""
     pairs = [(_num(r.get("step")), _num(r.get(key))) for r in records]
@@ -144,7 +166,11 @@ def main() -> None:
             fh.write(png)
     module.exit_json(
         changed=False,
-        lines=report_lines(p["summary"], p["straggler_ratio"]),
+        lines=(
+            program_lines(p["summary"])
+            if "program" in p["summary"]
+            else report_lines(p["summary"], p["straggler_ratio"])
+        ),
         png=bool(records),
     )
 

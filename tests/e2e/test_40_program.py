@@ -1,0 +1,174 @@
+"""A user's own DDP program under train.yml (train_program, train_code_dir), on the sandbox.
+
+The program is examples/ddp_linear/train_ddp.py: plain torch.distributed on gloo with a
+DistributedSampler and DDP, nothing of the trainer package. It runs from a code directory on
+the controller (a copy the test may edit), on every sandbox node, with the agents' guarantees:
+the frozen code copy in the run directory, a killed rank tearing the run down with its host
+named, a resumed run keeping its frozen copy, and a missing program refused up front.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_30_train import containers, run_file, run_id, summary, train, wait_for
+from train_fixtures import SHARED, STAMP
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_linear"
+SCRIPT = "train_ddp.py"
+
+
+@pytest.fixture(scope="module")
+def code_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    target = tmp_path_factory.mktemp("user-code") / "ddp_linear"
+    shutil.copytree(EXAMPLE, target)
+    return target
+
+
+def program(code: Path, *args: str) -> list[str]:
+    return ["-e", f"train_program={SCRIPT}", "-e", f"train_code_dir={code}",
+            "-e", json.dumps({"train_program_args": list(args)})]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def completed(cluster: Any, code_dir: Path) -> dict:
+    rid = run_id("prog")
+    run = train(cluster, rid, *program(code_dir, "--epochs", "2"))
+    return {"rid": rid, "run": run}
+
+
+def test_user_program_runs_on_every_node_and_completes(cluster: Any, completed: dict) -> None:
+    rid, run = completed["rid"], completed["run"]
+    assert run.rc == 0, run.tail()
+    data = summary(cluster, rid)
+    assert (data["status"], data["program"], data["world_size"]) == ("completed", SCRIPT, 3)
+    assert {h: r["exit_code"] for h, r in data["hosts"].items()} == {
+        n.name: 0 for n in cluster.nodes
+    }
+    results = [json.loads(run_file(cluster, rid, f"result-{r}.json")) for r in range(3)]
+    assert {r["world_size"] for r in results} == {3}
+    assert len({r["digest"] for r in results}) == 1, results  # DDP kept the replicas equal
+    assert results[0]["steps"] == 2 * 22  # ceil(ceil(1024 / 3) / 16) batches per rank and epoch
+    assert f"program {SCRIPT}: status completed, world size 3" in run.stdout
+    assert "epoch 1: loss" in run.stdout  # the report's tail of node rank 0's log
+
+
+def test_run_directory_holds_the_frozen_code_copy(cluster: Any, completed: dict) -> None:
+    rid = completed["rid"]
+    assert run_file(cluster, rid, f"code/{SCRIPT}") == (EXAMPLE / SCRIPT).read_text()
+    config = json.loads(run_file(cluster, rid, "config.json"))
+    assert (config["program"], config["program_args"]) == (SCRIPT, ["--epochs", "2"])
+
+
+def test_user_program_reports_progress_through_the_helper(completed: dict) -> None:
+    # the example writes heartbeats with ddpfleet_heartbeat (on its PYTHONPATH under train.yml)
+    assert "run " + completed["rid"] + ": step " in completed["run"].stdout
+
+
+@pytest.fixture(scope="module")
+def killed(cluster: Any, code_dir: Path) -> dict:
+    rid = run_id("progkill")
+    victim = cluster.nodes[2]
+    run = train(cluster, rid, "-e", "train_follow=false",
+                *program(code_dir, "--epochs", "100", "--step-sleep", "0.2"))  # fmt: skip
+    assert run.rc == 0, run.tail()
+    wait_for(cluster, rid, None, step=3)
+    box = f"docker exec ddpfleet-{rid}-{victim.name}"
+    seen = {  # what a run container may touch of the shared storage
+        "write_datasets": cluster.ssh(victim, f"{box} touch {SHARED}/datasets/e2e-probe"),
+        "runs": cluster.ssh(victim, f"{box} ls {SHARED}/runs"),
+        "write_run_dir": cluster.ssh(victim, f"{box} touch {SHARED}/runs/{rid}/probe"),
+    }
+    # the rank only, not its container: its pid from the heartbeat the helper writes
+    beat = cluster.ssh(victim, f"{box} sh -c 'cat /tmp/ddpfleet-heartbeat-*/rank-2.json'")
+    assert beat.returncode == 0, beat.stderr
+    pid = json.loads(beat.stdout)["pid"]
+    kill = cluster.ssh(victim, f"{box} python -c 'import os; os.kill({pid}, 9)'")  # no kill(1)
+    assert kill.returncode == 0, kill.stderr
+    killed_at = time.monotonic()
+    while containers(cluster, rid) and time.monotonic() - killed_at < 60:
+        time.sleep(0.5)
+    gone_s = time.monotonic() - killed_at
+    print(f"\nuser program's rank killed -> every container gone: {gone_s:.1f} s")
+    return {"rid": rid, "victim": victim, "gone_s": gone_s, "seen": seen}
+
+
+def test_killed_rank_of_a_user_program_tears_down_and_names_the_host(
+    cluster: Any, killed: dict
+) -> None:
+    assert killed["gone_s"] <= 15
+    data = summary(cluster, killed["rid"])
+    assert data["status"] == "failed"
+    assert (data["failure"]["host"], data["failure"]["rank"]) == (killed["victim"].name, 2)
+    assert data["failure"]["exit_code"] == -9, data["failure"]
+    assert data["hosts"][killed["victim"].name]["outcome"] == "failed"
+
+
+def test_run_containers_see_datasets_read_only_and_only_their_own_run(killed: dict) -> None:
+    seen = killed["seen"]
+    assert seen["write_datasets"].returncode != 0
+    assert "Read-only file system" in seen["write_datasets"].stderr
+    assert seen["runs"].stdout.split() == [killed["rid"]], seen["runs"].stdout
+    assert seen["write_run_dir"].returncode == 0, seen["write_run_dir"].stderr
+
+
+def test_resumed_user_program_keeps_its_frozen_code(
+    cluster: Any, killed: dict, code_dir: Path
+) -> None:
+    rid = killed["rid"]
+    frozen = run_file(cluster, rid, f"code/{SCRIPT}")
+    (code_dir / SCRIPT).write_text(frozen + "\n# changed after the run started\n")
+    try:
+        run = train(cluster, rid, *program(code_dir, "--epochs", "1"))
+    finally:
+        (code_dir / SCRIPT).write_text(frozen)
+    assert run.rc == 0, run.tail()
+    assert f"train_code_dir {code_dir} changed since run {rid} started" in run.stdout
+    assert run_file(cluster, rid, f"code/{SCRIPT}") == frozen
+    data = summary(cluster, rid)
+    assert data["status"] == "completed"
+    assert "failure" not in data
+
+
+def test_program_missing_from_the_image_is_refused_before_anything_starts(cluster: Any) -> None:
+    rid = run_id("noprog")
+    run = train(cluster, rid, "-e", "train_program=no_such_pkg.train")
+    assert run.rc != 0
+    assert "train_program no_such_pkg.train is not in image" in run.stdout, run.tail()
+    assert "Start the run's container" not in run.stdout
+    assert containers(cluster, rid) == {}
+    gone = cluster.ssh(cluster.nodes[0], f"test ! -e {SHARED}/runs/{rid}")
+    assert gone.returncode == 0, "a refused run left a run directory"
+    unlocked = cluster.ssh(cluster.nodes[0], f"test ! -e {SHARED}/runs/{rid}.lock")
+    assert unlocked.returncode == 0, "a refused run left its launch lock"
+
+
+def test_a_user_image_from_the_cluster_registry_is_pulled_and_runs_the_program(
+    cluster: Any, code_dir: Path
+) -> None:
+    node1 = cluster.nodes[0]
+    base = cluster.ssh(node1, "cat /etc/ddpfleet/trainer_image").stdout.strip()
+    user = f"{base.split('/')[0]}/e2e/user-{STAMP}:1"  # in the registry site.yml set up
+    build = cluster.ssh(
+        node1,
+        f"printf 'FROM {base}\\nLABEL io.ddpfleet.e2e=user-image\\n' | docker build -q -t {user} - "
+        f"&& docker push -q {user} && docker rmi {user}",
+        timeout=300,
+    )
+    assert build.returncode == 0, build.stderr
+    rid = run_id("userimg")
+    try:
+        run = train(cluster, rid, "-e", f"train_image={user}", *program(code_dir, "--epochs", "1"))
+    finally:
+        for node in cluster.nodes:
+            cluster.ssh(node, f"docker rmi {user}")
+    assert run.rc == 0, run.tail()
+    pulls = run.stdout.split("TASK [trainer_run : Pull train_image where it is missing]")[1]
+    assert all(f"changed: [{n.name}]" in pulls.split("TASK [")[0] for n in cluster.nodes), pulls
+    assert json.loads(run_file(cluster, rid, "config.json"))["image"] == user
+    assert summary(cluster, rid)["status"] == "completed"
