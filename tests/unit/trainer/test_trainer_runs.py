@@ -169,7 +169,7 @@ def test_hosts_signalled_one_after_another_stop_cleanly(tmp_path: Path) -> None:
 
 BAD = [
     (["--data-dir", "/nonexistent/d"], "--data-dir /nonexistent/d: no such directory"),
-    (["--synthetic", "--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--synthetic", "--batch-size", "-1"], "--batch-size must not be negative"),
     (["--synthetic", "--resume", "/nonexistent/c.pt"], "--resume /nonexistent/c.pt: no such file"),
 ]
 
