@@ -100,6 +100,10 @@ def test_trainer_accepts_every_flag_the_role_generates():
         ("train_env", {"NCCL_DEBUG": "INFO"}, None),
         ("train_env", "x", "train_env must be a mapping (got 'x')"),
         ("train_arch", "resnet18", None),
+        ("train_lr", "nan", "train_lr must be a finite number (got nan)"),
+        ("train_lr", "-Infinity", "train_lr must be a finite number (got -Infinity)"),
+        ("train_batch_size", "1e999", "train_batch_size must be a finite number (got 1e999)"),
+        ("train_seed", float("inf"), "train_seed must be a finite number (got inf)"),
     ],
 )
 def test_bad_options_checks_each_value_against_its_declaration(name, value, problem):

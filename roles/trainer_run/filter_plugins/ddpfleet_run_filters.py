@@ -3,6 +3,8 @@ trainer's command line, peers and ulimits."""
 
 from __future__ import annotations
 
+import math
+
 from ansible.errors import AnsibleFilterError
 
 # Trainer flags that are switches: store_true (present or absent) or BooleanOptionalAction.
@@ -50,8 +52,8 @@ def trainer_args(options: dict) -> list[str]:
 
 
 def bad_options(values: dict, specs: dict, minimums: dict) -> list[str]:
-    """'train_x must be ...' for each value that breaks its argument spec (type, choices) or
-    its minimum."""
+    """'train_x must be ...' for each value that breaks its argument spec (type, choices), its
+    minimum, or is not a finite number."""
     problems = []
     for name, value in sorted(values.items()):
         spec, low = specs.get(name, {}), minimums.get(name)
@@ -61,6 +63,11 @@ def bad_options(values: dict, specs: dict, minimums: dict) -> list[str]:
                 number = None if isinstance(value, bool) else float(value)
             except (TypeError, ValueError):
                 number = None
+            # nan, inf and 1e999 pass every comparison with a minimum (an inf timeout would
+            # switch supervision off), and int() of them raises
+            if number is not None and not math.isfinite(number):
+                problems.append(f"{name} must be a finite number (got {value})")
+                continue
             whole = kind == "float" or (number is not None and number == int(number))
             if number is None or not whole or (low is not None and number < float(low)):
                 what = "a whole number" if kind == "int" else "a number"
