@@ -126,8 +126,13 @@ def test_sigterm_during_validation_checkpoints_at_once_and_resumes(
     assert (s["status"], s["steps"], s["final_accuracy"]) == ("stopped", 2, None), err[-3000:]
     assert "epoch 0 validation abandoned" in (out / "logs" / "rank-0.log").read_text()
     assert torch.load(out / "checkpoints" / "step-000000002.pt", weights_only=True)["step"] == 2
-    exits = re.findall(r"rank\s*:\s*(\d+) .*\n\s*exitcode\s*:\s*(-?\d+)", err)
-    assert dict(exits) == {"0": "143", "1": "143"}, err[-3000:]  # torchrun's report of its ranks
+    # torchrun's report of its ranks: each ended on SIGTERM. 143 is the trainer's own exit;
+    # -15 is a rank torchrun signalled again (after its peer's exit) while the interpreter was
+    # already finalising, where Python has put the default handler back. Either way after the
+    # "done" heartbeat checked below, so the stop itself ran to the end on both ranks.
+    exits = dict(re.findall(r"rank\s*:\s*(\d+) .*\n\s*exitcode\s*:\s*(-?\d+)", err))
+    assert exits.keys() == {"0", "1"}, err[-3000:]
+    assert set(exits.values()) <= {"143", "-15"}, err[-3000:]
     for rank in (0, 1):
         final = read_json(beats / f"rank-{rank}.json")
         assert (final["phase"], final["step"], final["total_steps"]) == ("done", 2, 4)
