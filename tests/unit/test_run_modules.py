@@ -102,8 +102,8 @@ report = load_plugin("ddpfleet_run_report", "roles/trainer_run/library/ddpfleet_
 
 def test_report_lines_flag_stragglers_and_show_totals():
     lines = report.report_lines(SUMMARY, 0.9)
-    assert lines[0].split() == ["rank", "img/s", "note"]
-    assert lines[3].split() == ["2", "20.0", "STRAGGLER", "(0.65x", "median)"]
+    assert lines[0].split() == ["rank", "host", "batch", "img/s", "note"]
+    assert lines[3].split() == ["2", "?", "?", "20.0", "STRAGGLER", "(0.65x", "median)"]
     assert "STRAGGLER" not in lines[1] + lines[2]
     assert lines[4].split() == ["total", "90.0"]
     assert "final loss 4.0000, final accuracy ?, wall time 61.5s" in lines[5]
@@ -111,8 +111,29 @@ def test_report_lines_flag_stragglers_and_show_totals():
 
 def test_report_lines_read_per_rank_rates_keyed_by_rank():
     lines = report.report_lines({"per_rank_images_per_sec": {"1": 10.0, "0": 30.0}}, 0.9)
-    assert [line.split()[:2] for line in lines[1:3]] == [["0", "30.0"], ["1", "10.0"]]
+    assert [line.split()[0:4:3] for line in lines[1:3]] == [["0", "30.0"], ["1", "10.0"]]
     assert "STRAGGLER" in lines[2]
+
+
+def test_report_lines_show_each_hosts_batch_share_and_judge_img_s_per_share():
+    """train_balance: node3's 8 of 48 images at a third of the rate is its share, not a
+    straggler; a rank slow for its share still is."""
+    summary = {
+        "per_rank_images_per_sec": [40.0, 40.0, 20.0, 20.0, 10.0, 5.0],
+        "per_rank_batch": [16, 16, 8, 8, 4, 4],
+    }
+    lines = report.report_lines(summary, 0.9, ["node1", "node2", "node3"], 2)
+    rows = [line.split() for line in lines[1:7]]
+    assert [r[:4] for r in rows] == [
+        ["0", "node1", "16", "(29%)"],
+        ["1", "node1", "16", "(29%)"],
+        ["2", "node2", "8", "(14%)"],
+        ["3", "node2", "8", "(14%)"],
+        ["4", "node3", "4", "(7%)"],
+        ["5", "node3", "4", "(7%)"],
+    ]
+    flagged = [r[0] for r in rows if "STRAGGLER" in r]
+    assert flagged == ["5"]
 
 
 def test_report_lines_tolerate_a_sparse_summary():

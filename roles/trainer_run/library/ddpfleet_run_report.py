@@ -33,6 +33,15 @@ options:
     description: A rank below this fraction of the median img/s is a straggler.
     type: float
     default: 0.9
+  hosts:
+    description: The run's hosts in node-rank order (the table names each rank's host).
+    type: list
+    elements: str
+    default: []
+  nproc:
+    description: Processes per host (rank // nproc is the node rank).
+    type: int
+    default: 1
   png_path:
     description: Where to write the plot on the controller (nothing when metrics has no steps).
     type: path
@@ -56,21 +65,34 @@ def _num(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def report_lines(summary: dict, ratio: float = 0.9) -> list[str]:
-    """Table of per-rank img/s (a rank below ratio x the median flagged as a straggler) plus
-    totals, loss, accuracy and wall time."""
+def report_lines(
+    summary: dict, ratio: float = 0.9, hosts: list[str] | None = None, nproc: int = 1
+) -> list[str]:
+    """Table of each rank's host, batch share and img/s (a rank below ratio x the median img/s
+    per image of its batch flagged as a straggler: with train_balance a smaller share is no
+    straggler) plus totals, loss, accuracy and wall time."""
     per_rank = summary.get("per_rank_images_per_sec") or []
     if isinstance(per_rank, dict):
         per_rank = [per_rank[k] for k in sorted(per_rank, key=int)]
     rates = [_num(r) for r in per_rank]
-    known = [r for r in rates if r is not None]
+    batches = [_num(b) for b in summary.get("per_rank_batch") or []]
+    if len(batches) != len(rates) or None in batches or not all(batches):
+        batches = [1.0] * len(rates)  # unknown shares (an older summary): equal
+    paced = [None if r is None else r / b for r, b in zip(rates, batches, strict=True)]
+    known = [p for p in paced if p is not None]
     median = statistics.median(known) if known else 0.0
-    lines = [f"{'rank':>6}  {'img/s':>10}  note"]
-    for rank, rate in enumerate(rates):
+    global_batch = sum(batches)
+    width = max([4, *(len(h) for h in hosts or [])])
+    lines = [f"{'rank':>6}  {'host':<{width}}  {'batch':>11}  {'img/s':>10}  note"]
+    for rank, (rate, pace, batch) in enumerate(zip(rates, paced, batches, strict=True)):
+        host = hosts[rank // max(nproc, 1)] if hosts and rank // max(nproc, 1) < len(hosts) else "?"
+        share = (
+            f"{batch:g} ({100 * batch / global_batch:.0f}%)" if "per_rank_batch" in summary else "?"
+        )
         shown = f"{rate:10.1f}" if rate is not None else f"{'?':>10}"
-        slow = rate is not None and rate < ratio * median
-        note = f"STRAGGLER ({rate / median:.2f}x median)" if slow else ""
-        lines.append(f"{rank:>6}  {shown}  {note}".rstrip())
+        slow = pace is not None and pace < ratio * median
+        note = f"STRAGGLER ({pace / median:.2f}x median)" if slow else ""
+        lines.append(f"{rank:>6}  {host:<{width}}  {share:>11}  {shown}  {note}".rstrip())
     total = _num(summary.get("images_per_sec"))
     lines.append(f"{'total':>6}  " + (f"{total:10.1f}" if total is not None else f"{'?':>10}"))
     loss, acc, wall = (
@@ -144,6 +166,8 @@ def main() -> None:
             "summary": {"type": "dict", "required": True},
             "metrics": {"type": "str", "default": ""},
             "straggler_ratio": {"type": "float", "default": 0.9},
+            "hosts": {"type": "list", "elements": "str", "default": []},
+            "nproc": {"type": "int", "default": 1},
             "png_path": {"type": "path", "required": True},
         },
         supports_check_mode=False,
@@ -169,7 +193,7 @@ def main() -> None:
         lines=(
             program_lines(p["summary"])
             if "program" in p["summary"]
-            else report_lines(p["summary"], p["straggler_ratio"])
+            else report_lines(p["summary"], p["straggler_ratio"], p["hosts"], p["nproc"])
         ),
         png=bool(records),
     )
