@@ -35,6 +35,7 @@ class TrainConfig:
     image_size: int = 224
     arch: str = "resnet50"
     batch_size: int = 0
+    batch_weights: str = ""
     epochs: int = 1
     max_steps: int = 0
     lr: float = 0.1
@@ -110,6 +111,13 @@ def get_args_parser() -> argparse.ArgumentParser:
         type=int,
         default=d.batch_size,
         help=f"per rank (0: {CUDA_BATCH} on CUDA, {CPU_BATCH} on the CPU)",
+    )
+    opt.add_argument(
+        "--batch-weights",
+        default=d.batch_weights,
+        metavar="W0,W1,...",
+        help="one positive weight per global rank: each rank's share of the global batch "
+        "(--batch-size x world size, unchanged), for hosts of unequal speed; empty: equal",
     )
     opt.add_argument("--epochs", type=int, default=d.epochs)
     opt.add_argument(

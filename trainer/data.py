@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from torchvision.datasets import ImageFolder
 
+from trainer.balance import WeightedDistributedSampler
 from trainer.config import BadInputError, TrainConfig
 from trainer.decode import (
     JPEG_MAGIC,
@@ -172,15 +173,31 @@ def build_datasets(
 
 
 def build_loader(
-    dataset: Dataset, cfg: TrainConfig, rank: int, world: int, *, pin: bool, train: bool
+    dataset: Dataset,
+    cfg: TrainConfig,
+    rank: int,
+    world: int,
+    *,
+    pin: bool,
+    train: bool,
+    batches: list[int] | None = None,
 ) -> DataLoader:
-    """Per-rank loader over a ResumableSampler; full batches only when training."""
-    sampler = ResumableSampler(
-        dataset, num_replicas=world, rank=rank, shuffle=train, seed=cfg.seed, drop_last=train
-    )
+    """Per-rank loader over a ResumableSampler; full batches only when training.
+
+    ``batches`` (every rank's local batch, see trainer.balance): unequal ones make the
+    training loader a WeightedDistributedSampler over ``batches[rank]``-image batches."""
+    batch_size = cfg.batch_size
+    sampler: Sampler
+    if train and batches is not None and len(set(batches)) > 1:
+        sampler = WeightedDistributedSampler(len(dataset), batches, rank, seed=cfg.seed)  # type: ignore[arg-type]
+        batch_size = batches[rank]
+    else:
+        sampler = ResumableSampler(
+            dataset, num_replicas=world, rank=rank, shuffle=train, seed=cfg.seed, drop_last=train
+        )
     return DataLoader(
         dataset,
-        batch_size=cfg.batch_size,
+        batch_size=batch_size,
         sampler=sampler,
         num_workers=cfg.workers,
         pin_memory=pin,

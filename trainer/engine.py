@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from trainer import distributed as dist_utils
+from trainer.balance import scaled_loss
 from trainer.config import TrainConfig
 from trainer.inputs import InputPipeline
 from trainer.metrics import LOG, Heartbeat, MetricsLog, NonFiniteError, Throughput
@@ -42,6 +43,7 @@ class Run:
     epoch: int = 0
     last_loss: float | None = None
     inputs: InputPipeline | None = None  # the runner sets it: decode/move, bad samples
+    loss_scale: float = 1.0  # b_r * W / B with --batch-weights (trainer.balance)
 
 
 def _first_nonfinite(run: Run, bad_step: torch.Tensor) -> int:
@@ -118,6 +120,7 @@ def train_one_epoch(
         x, y = run.inputs(images, labels, loader.dataset)  # type: ignore[misc]
         with autocast(env.device, run.amp_dtype):
             loss = run.criterion(run.model(x), y)
+        loss = scaled_loss(loss, run.loss_scale)  # DDP's mean over ranks: the global mean
         run.optimizer.zero_grad(set_to_none=True)
         run.scaler.scale(loss).backward()
         run.scaler.step(run.optimizer)
@@ -125,7 +128,7 @@ def train_one_epoch(
         run.scheduler.step()
         run.step += 1
         batches += 1
-        loss_sum += loss.detach().float()
+        loss_sum += loss.detach().float()  # scaled: the ranks' mean is the global batch's
         bad_step.masked_fill_(~torch.isfinite(loss_sum) & (bad_step == 0), run.step)  # no sync
         count += 1
         done = run.step >= run.total_steps

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from trainer import checkpoint as ckpt
 from trainer import distributed as dist_utils
+from trainer.balance import loss_scale, parse_weights, rank_batches
 from trainer.config import (
     BadInputError,
     TrainConfig,
@@ -119,11 +120,13 @@ def _prepare(cfg: TrainConfig, env: dist_utils.DistEnv, heartbeat: Heartbeat) ->
     """Validate everything that can be wrong with the input; write nothing but a probe
     (and, once the output directory proved writable, the heartbeat: the scan can be long)."""
     check_output_dir(cfg.output_dir)
+    batch = default_batch_size(cfg.batch_size, env.device.type)
+    batches = rank_batches(cfg.batch_weights, batch, env.world_size)  # before joining the group
     dist_utils.init_distributed(env, cfg.dist_timeout)  # rank 0 chooses the checkpoint for all
     state, plan = _resume_state(cfg, env)
     heartbeat.start(Path(cfg.output_dir))  # already started under the agent
     heartbeat.progress(step=int(state["step"]) if state else 0, phase="scan")
-    cfg.batch_size = default_batch_size(cfg.batch_size, env.device.type)
+    cfg.batch_size = batch
     try:
         cfg.decode = decode_choice(cfg.decode, env.device.type)
     except ValueError as exc:
@@ -146,7 +149,7 @@ def _prepare(cfg: TrainConfig, env: dist_utils.DistEnv, heartbeat: Heartbeat) ->
         raise BadInputError(
             f"{len(train_ds)} training images: fewer than one global batch ({world_batch})"  # type: ignore[arg-type]
         )
-    return state, plan, train_ds, val_ds, amp_dtype, model
+    return state, plan, train_ds, val_ds, amp_dtype, model, batches
 
 
 def _loop(
@@ -157,7 +160,7 @@ def _loop(
     stopped = False
     while run.step < run.total_steps and run.epoch < epochs and not stopped:
         train_loader.sampler.set_epoch(run.epoch)
-        train_loader.sampler.set_start_batch(start_batch, run.cfg.batch_size)
+        train_loader.sampler.set_start_batch(start_batch, train_loader.batch_size)
         stopped, batches = train_one_epoch(
             run, train_loader, lambda b, s=start_batch: ckpt.save_run(run, s + b)
         )
@@ -185,14 +188,16 @@ def _validate(run: Run, loader: DataLoader, last: float | None) -> tuple[bool, f
 def _train(
     cfg: TrainConfig, env: dist_utils.DistEnv, prepared: tuple, stop: StopFlag, heartbeat: Heartbeat
 ) -> dict:
-    state, plan, train_ds, val_ds, amp_dtype, model = prepared
+    state, plan, train_ds, val_ds, amp_dtype, model, batches = prepared
     out = Path(cfg.output_dir)
     start_step = int(state["step"]) if state else 0
     pin = env.device.type == "cuda"
     if pin:
         torch.backends.cudnn.benchmark = True
         torch.set_float32_matmul_precision("high")
-    train_loader = build_loader(train_ds, cfg, env.rank, env.world_size, pin=pin, train=True)
+    train_loader = build_loader(
+        train_ds, cfg, env.rank, env.world_size, pin=pin, train=True, batches=batches
+    )
     val_loader = None
     if val_ds is not None:
         val_loader = build_loader(val_ds, cfg, env.rank, env.world_size, pin=pin, train=False)
@@ -226,6 +231,7 @@ def _train(
         total,
         spe,
     )
+    run.loss_scale = loss_scale(batches[env.rank], sum(batches), env.world_size)
     run.inputs = InputPipeline(env.device, cfg.image_size, cfg.channels_last, cfg.max_bad_samples)
     start_batch = ckpt.restore_run(run, state) if state else 0
     heartbeat.progress(step=run.step, epoch=run.epoch)
@@ -253,6 +259,8 @@ def _train(
         "resumed_from_step": start_step if state else None,
         "param_sha256_per_rank": digests,
         "global_batch": cfg.batch_size * env.world_size,
+        "per_rank_batch": batches,
+        "batch_weights": parse_weights(cfg.batch_weights),
         "amp": str(amp_dtype).removeprefix("torch.") if amp_dtype else "off",
         "device": env.device.type,
         "throughput_warmup_steps": cfg.throughput_warmup,
