@@ -21,7 +21,15 @@ ALL_SPECS = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["
 SPECS = {k: v for k, v in ALL_SPECS["main"]["options"].items() if k.startswith("train_")}
 SAMPLE = ROOT / "inventory" / "sample" / "group_vars" / "all" / "train.yml"
 TRAINER_FLAGS = {a.dest: a for a in get_args_parser()._actions if a.dest != "help"}
-TYPES = {"int": int, "float": float, "str": str, "bool": bool, "dict": dict, "list": list}
+TYPES = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "bool": bool,
+    "dict": dict,
+    "list": list,
+    "raw": object,
+}
 
 
 def _sample() -> dict[str, tuple[object, str]]:
@@ -93,10 +101,12 @@ def test_numeric_minimums_refer_to_numeric_options(name):
 
 
 def test_every_trainer_flag_has_an_option_and_the_role_passes_it():
-    """python -m trainer --<x> is train_<x> (but --output-dir: the run directory)."""
+    """python -m trainer --<x> is train_<x> (but --output-dir: the run directory, and
+    --batch-weights: one weight per rank, which the role works out from train_balance)."""
     passed = set(ROLE_VARS["_trainer_run_trainer_options"])
     assert passed == set(TRAINER_FLAGS)
-    assert {f"train_{d}" for d in TRAINER_FLAGS if d != "output_dir"} <= set(SPECS)
+    derived = {"output_dir", "batch_weights"}
+    assert {f"train_{d}" for d in TRAINER_FLAGS if d not in derived} <= set(SPECS)
 
 
 @pytest.mark.parametrize("dest", sorted(d for d, a in TRAINER_FLAGS.items() if a.choices))
