@@ -1,0 +1,127 @@
+"""Cluster checks for ``ansible-playbook doctor.yml``: each prints one JSON line on stdout.
+
+Compute (training steps/s and img/s of the run's model on synthetic data; on a GPU host one
+process per GPU, with nvidia-smi health sampled while they run)::
+
+    python -m trainer.doctor compute --arch resnet50 --image-size 224 --batch-size 0 --amp auto
+
+Storage (read MB/s and PIL-decoded JPEGs/s of the shared dataset directory, see
+trainer.doctor_storage)::
+
+    python -m trainer.doctor storage --data-dir /mnt/ddpfleet/datasets --host-index 0 --hosts 3
+
+Network (all-reduce bus bandwidth and TCP throughput per pair of hosts, see
+trainer.doctor_net), under torchrun on every host; rank 0 prints::
+
+    torchrun ... -m trainer.doctor network --names n1,n2 --addresses 10.0.0.1,10.0.0.2
+
+Bad input: one line on stderr, exit 2; a failed measurement: one line, exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+
+from trainer.doctor_compute import CPU_BATCH, GPU_BATCH, compute
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.doctor", description=__doc__.splitlines()[0]
+    )
+    sub = parser.add_subparsers(dest="check", required=True)
+    c = sub.add_parser("compute", help="training steps/s and img/s on synthetic data")
+    c.add_argument("--arch", default="resnet50")
+    c.add_argument("--image-size", type=int, default=224)
+    c.add_argument(
+        "--batch-size",
+        type=int,
+        default=0,
+        help=f"per process; 0: {GPU_BATCH} per GPU, {CPU_BATCH} on the CPU",
+    )
+    c.add_argument("--amp", default="auto", choices=["auto", "bf16", "fp16", "off"])
+    c.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True)
+    c.add_argument(
+        "--gpus", type=int, default=-1, help="processes, one per GPU; 0: the CPU; -1: every GPU"
+    )
+    c.add_argument(
+        "--warmup", type=int, default=3, help="untimed steps (at most half of --seconds)"
+    )
+    c.add_argument("--seconds", type=float, default=8.0, help="timed steps run at least this long")
+    c.add_argument("--max-steps", type=int, default=50)
+    s = sub.add_parser("storage", help="read MB/s and decoded JPEGs/s of a directory")
+    s.add_argument("--data-dir", required=True)
+    s.add_argument("--host-index", type=int, default=0)
+    s.add_argument("--hosts", type=int, default=1)
+    s.add_argument("--files", type=int, default=300)
+    s.add_argument("--seconds", type=float, default=4.0)
+    n = sub.add_parser(
+        "network", help="all-reduce busbw and TCP throughput per host pair (torchrun)"
+    )
+    n.add_argument("--names", required=True, help="host names, comma-separated, in node-rank order")
+    n.add_argument(
+        "--addresses", required=True, help="their addresses for the pair tests, same order"
+    )
+    n.add_argument("--allreduce-mb", type=float, default=16.0)
+    n.add_argument("--iters", type=int, default=5)
+    n.add_argument("--pair-seconds", type=float, default=1.0)
+    n.add_argument(
+        "--backend",
+        default="",
+        choices=["", "gloo", "nccl"],
+        help="default: nccl on GPUs, else gloo",
+    )
+    n.add_argument("--timeout", type=float, default=120.0, help="seconds any collective may wait")
+    return parser
+
+
+def _check_numbers(args) -> None:
+    positive = {
+        "compute": ("image_size", "seconds", "max_steps"),
+        "storage": ("files", "seconds", "hosts"),
+        "network": ("allreduce_mb", "iters", "pair_seconds", "timeout"),
+    }[args.check]
+    for name in positive:
+        if getattr(args, name) <= 0:
+            raise ValueError(
+                f"--{name.replace('_', '-')} must be positive, not {getattr(args, name)}"
+            )
+    if getattr(args, "batch_size", 0) < 0:
+        raise ValueError(f"--batch-size must be 0 or more, not {args.batch_size}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = get_args_parser().parse_args(argv)
+    try:
+        _check_numbers(args)
+    except ValueError as exc:
+        print(f"doctor {args.check}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.check == "compute":
+            result = compute(args)
+        elif args.check == "storage":
+            from trainer import doctor_storage  # noqa: PLC0415 - no torch for storage
+
+            result = doctor_storage.run(
+                args.data_dir, args.host_index, args.hosts, args.files, args.seconds
+            )
+        else:
+            from trainer import doctor_net  # noqa: PLC0415
+
+            result = doctor_net.run(args)
+    except Exception as exc:  # any failure: one line naming it, not a traceback
+        bad_input = type(exc).__name__ == "BadInputError"
+        line = str(exc) if bad_input else traceback.format_exception_only(type(exc), exc)[-1]
+        print(f"doctor {args.check}: {line.strip().splitlines()[0]}", file=sys.stderr)
+        return 2 if bad_input else 1
+    if result is not None:
+        print(json.dumps(result, sort_keys=True), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
