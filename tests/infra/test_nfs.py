@@ -29,7 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "shared_mount": "/mnt/ddpfleet",
 }
 SERVICES = {"kernel": "nfs-server", "ganesha": "nfs-ganesha"}
-SUBDIRS = ("datasets", "runs")
+SUBDIRS = ("datasets", "runs", "doctor")
 PROBE = "/usr/local/sbin/ddpfleet-nfs-probe"
 SETGID_2775 = 0o2775
 

@@ -74,7 +74,9 @@ def test_cpus_checks_each_trainer():
 def _record(path, speeds, **model):
     """A slurp result of a doctor JSON file."""
     hosts = {h: {"compute": {"images_per_sec": s}} for h, s in speeds.items()}
-    doc = {"time": "t", "model": MODEL | model, "hosts": hosts}
+    requested = MODEL | model
+    resolved = requested | {"amp": "bf16", "batch_size": requested["batch_size"] or 32}
+    doc = {"time": "t", "model": resolved | {"requested": requested}, "hosts": hosts}
     return {"item": path, "content": base64.b64encode(json.dumps(doc).encode()).decode()}
 
 
@@ -93,6 +95,7 @@ def test_doctor_speeds_take_the_newest_record_of_this_model_on_every_trainer():
         "source": "d/20261123T120000Z.json",
         "speeds": {"node1": 30.0, "node2": 30.0, "node3": 10.0},
     }
+    # matched as asked for: amp auto (the record resolved it to bf16), not bf16
     assert balance.doctor_speeds(records, HOSTS, MODEL | {"amp": "bf16"}) == {}
     assert balance.doctor_speeds([], HOSTS, MODEL) == {}
 

@@ -159,11 +159,13 @@ def report(
     *,
     cpus: dict | None = None,
     ratio: float = RATIO,
+    requested: dict | None = None,
 ) -> dict:
     """The doctor's JSON document from each host's results and rank 0's network result.
 
     ``computes``: {host: compute JSON}; ``storages``: {host: storage JSON, {"skipped": why}
-    or None}; ``cpus``: {host: train_cpus} (0: no quota)."""
+    or None}; ``cpus``: {host: train_cpus} (0: no quota); ``requested``: the model options as
+    given (batch 0, amp auto), which train.yml's train_balance=auto matches its own against."""
     cpus = {h: float(c or 0) for h, c in (cpus or {}).items()}
     ratio = float(ratio)
     notes, out = [], {}
@@ -184,6 +186,7 @@ def report(
             "batch_size": first.get("batch_size"),
             "amp": first.get("amp"),
             "device": devices.pop() if len(devices) == 1 else "mixed",
+            "requested": requested or {},
         },
         "hosts": out,
         "network": network or {"allreduce": None, "pairs": []},
@@ -250,7 +253,7 @@ def table(doc: dict, path: str = "") -> list[str]:
         rows.append(
             [
                 host,
-                _fmt(v.get("cpus") or None),
+                f"{v['cpus']:g}" if v.get("cpus") else "-",
                 f"{gpus} GPU" if gpus else "cpu",
                 _fmt(float(c["images_per_sec"])),
                 _fmt(float(c["steps_per_sec"]), 3),

@@ -92,7 +92,8 @@ def doctor_speeds(slurped: list[dict], hosts: list[str], model: dict) -> dict:
     ``model``: arch, image_size, batch_size, amp as the run asks for them."""
     wanted = {k: str(model[k]) for k in ("arch", "image_size", "batch_size", "amp")}
     for record in sorted(_documents(slurped), key=lambda r: r["path"], reverse=True):
-        measured = record.get("model") or {}
+        model_doc = record.get("model") or {}
+        measured = model_doc.get("requested") or model_doc  # as asked for (batch 0, amp auto)
         if any(str(measured.get(k)) != v for k, v in wanted.items()):
             continue
         found = record.get("hosts") or {}
