@@ -12,7 +12,7 @@ RUN_ID ?= demo
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv host-deps lint format unit check e2e test infra sandbox sandbox-down demo bench bench-decode clean
+.PHONY: help venv host-deps lint format unit check e2e test infra sandbox sandbox-down demo bench bench-decode bench-balance clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -67,6 +67,9 @@ bench: $(STAMP) ## Benchmark: naive DDP loop vs the trainer (prints img/s and th
 
 bench-decode: $(STAMP) ## CPU JPEG decode benchmark: JPEGs/s per core before vs --decode cpu, ratio last
 	$(BIN)/python bench/decode_bench.py
+
+bench-balance: $(STAMP) ## Sandbox: one host slowed (train_cpus), train_balance off vs auto; img/s and ratio last
+	$(BIN)/python bench/balance_bench.py
 
 clean: ## Remove the venv and caches (not the sandbox: use sandbox-down)
 	rm -rf $(VENV) .pytest_cache .ruff_cache
