@@ -1,0 +1,111 @@
+"""Unequal hosts on the sandbox: doctor.yml finds the slowed host, train_balance=auto gives it
+the smallest share of the global batch, and bad weights are refused before anything starts.
+
+node3 is made slow the way a user would: ``train_cpus`` (a Docker CPU quota on its run and
+doctor containers) in an extra inventory file beside the sandbox's.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from test_30_train import containers, run_file, run_id, summary, train
+from train_fixtures import SHARED
+
+SLOW, CPUS = "node3", 0.15
+# the model both the doctor and the run use: small enough for 3 ranks on 2 cores
+MODEL = {"arch": "resnet18", "image_size": 64, "batch_size": 16, "amp": "auto"}
+
+
+@pytest.fixture(scope="module")
+def slow_inventory(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    path = tmp_path_factory.mktemp("balance") / "slow.yml"
+    path.write_text(f"all:\n  hosts:\n    {SLOW}:\n      train_cpus: {CPUS}\n")
+    return ["-i", str(path)]
+
+
+def model_vars(prefix: str) -> list[str]:
+    return [a for k, v in MODEL.items() for a in ("-e", f"{prefix}_{k}={v}")]
+
+
+@pytest.fixture(scope="module")
+def doctor(cluster: Any, slow_inventory: list[str]) -> Any:
+    threads = json.dumps({"doctor_env": {"OMP_NUM_THREADS": "1"}})  # as the e2e runs' ranks
+    run = cluster.playbook(
+        "doctor.yml", *slow_inventory, *model_vars("doctor"), "-e", threads, timeout=900
+    )
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    return run
+
+
+def newest_doctor_record(cluster: Any) -> dict:
+    proc = cluster.ssh(cluster.nodes[0], f"ls {SHARED}/doctor/ | sort | tail -n 1")
+    assert proc.returncode == 0, proc.stderr
+    name = proc.stdout.strip()
+    text = cluster.ssh(cluster.nodes[0], f"cat {SHARED}/doctor/{name}").stdout
+    return json.loads(text) | {"name": name}
+
+
+def test_doctor_measures_every_host_and_flags_the_slow_one(cluster: Any, doctor: Any) -> None:
+    record = newest_doctor_record(cluster)
+    names = [n.name for n in cluster.nodes]
+    assert sorted(record["hosts"]) == names
+    speeds = {h: record["hosts"][h]["compute"]["images_per_sec"] for h in names}
+    assert min(speeds, key=speeds.get) == SLOW, speeds
+    assert all(v > 0 for v in speeds.values()), speeds
+    assert {(p["a"], p["b"]) for p in record["network"]["pairs"]} == {
+        ("node1", "node2"),
+        ("node1", "node3"),
+        ("node2", "node3"),
+    }
+    assert record["network"]["allreduce"]["busbw_gbps"] > 0
+    flagged = [f for f in record["flags"] if f["kind"] == "compute"]
+    assert [f["subject"] for f in flagged] == [SLOW], record["flags"]
+    assert "train_cpus" in flagged[0]["cause"]
+    # the printed table: one row per host, and the flag in words
+    for host in names:
+        assert host in doctor.stdout
+    assert flagged[0]["cause"] in doctor.stdout.replace("\\n", "\n")
+
+
+def test_balanced_run_gives_the_slow_host_the_smallest_share(
+    cluster: Any, doctor: Any, slow_inventory: list[str]
+) -> None:
+    rid = run_id("balance")
+    run = train(
+        cluster, rid, *slow_inventory, "-e", "train_synthetic=true", "-e", "train_balance=auto",
+        "-e", "train_max_steps=6", "-e", "train_synthetic_size=480", *model_vars("train"),
+    )  # fmt: skip
+    assert run.rc == 0, run.tail()
+    data = summary(cluster, rid)
+    assert data["status"] == "completed"
+    batches = data["per_rank_batch"]
+    assert sum(batches) == data["global_batch"] == 3 * MODEL["batch_size"]
+    assert batches[2] == min(batches), batches  # node3 is node rank 2
+    assert batches[2] < batches[0], batches
+    record = newest_doctor_record(cluster)
+    config = json.loads(run_file(cluster, rid, "config.json"))
+    assert config["balance"]["source"].endswith(
+        record["name"]
+    )  # the doctor's figures, no calibration
+    assert "--batch-weights" in config["trainer_args"]
+    assert config["cpus"][SLOW] == CPUS
+    assert f"weights from {SHARED}/doctor/{record['name']}" in run.stdout
+    assert len(set(data["param_sha256_per_rank"])) == 1  # the replicas stayed equal
+    # the report: node3's row shows its share, and it is no straggler for it
+    row = next(line for line in run.stdout.split("\\n") if f" {SLOW} " in line and "%)" in line)
+    assert f"{batches[2]} (" in row, row
+    assert "STRAGGLER" not in row, row
+
+
+def test_bad_weights_are_refused_before_anything_starts(cluster: Any) -> None:
+    rid = run_id("badweights")
+    weights = json.dumps({"train_balance": {"node1": 2, "node2": 1, "node3": 0}})
+    run = train(cluster, rid, "-e", "train_synthetic=true", "-e", weights)
+    assert run.rc != 0
+    assert "train_balance weight of node3 must be a finite number > 0 (got 0)" in run.stdout
+    assert containers(cluster, rid) == {}
+    listing = cluster.ssh(cluster.nodes[0], f"ls {SHARED}/runs/").stdout.split()
+    assert rid not in listing
