@@ -35,7 +35,7 @@ SHARED = "/mnt/ddpfleet"
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--slow-host", default="node3", help="the host given a CPU quota")
-    p.add_argument("--cpus", type=float, default=0.15, help="its train_cpus (Docker CPU quota)")
+    p.add_argument("--cpus", type=float, default=0.2, help="its train_cpus (Docker CPU quota)")
     p.add_argument("--arch", default="resnet18")
     p.add_argument("--image-size", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=16, help="per rank; global = this x 3")
