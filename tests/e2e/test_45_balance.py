@@ -11,8 +11,8 @@ import json
 from typing import Any
 
 import pytest
-from test_30_train import containers, run_file, run_id, summary, train
-from train_fixtures import SHARED
+from test_30_train import containers, make_dataset, run_file, run_id, summary, train
+from train_fixtures import SHARED, STAMP
 
 SLOW, CPUS = "node3", 0.15
 # the model both the doctor and the run use: small enough for 3 ranks on 2 cores
@@ -32,10 +32,13 @@ def model_vars(prefix: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def doctor(cluster: Any, slow_inventory: list[str]) -> Any:
+    data = make_dataset(cluster, f"e2e-{STAMP}-doctor", "--classes 2 --train-per-class 40",
+                        "--val-per-class 0 --size 160")  # fmt: skip
     threads = json.dumps({"doctor_env": {"OMP_NUM_THREADS": "1"}})  # as the e2e runs' ranks
     run = cluster.playbook(
-        "doctor.yml", *slow_inventory, *model_vars("doctor"), "-e", threads, timeout=900
-    )
+        "doctor.yml", *slow_inventory, *model_vars("doctor"), "-e", threads,
+        "-e", f"doctor_data_dir={SHARED}/datasets/{data}", timeout=900,
+    )  # fmt: skip
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     return run
 
@@ -61,6 +64,11 @@ def test_doctor_measures_every_host_and_flags_the_slow_one(cluster: Any, doctor:
         ("node2", "node3"),
     }
     assert record["network"]["allreduce"]["busbw_gbps"] > 0
+    for host in names:  # every host read and decoded the data set's 80 JPEGs (or some of them)
+        storage = record["hosts"][host]["storage"]
+        assert storage["files"] > 0, storage
+        assert storage["read_mb_per_sec"] > 0, storage
+        assert storage["jpegs_per_sec"] > 0, storage
     flagged = [f for f in record["flags"] if f["kind"] == "compute"]
     assert [f["subject"] for f in flagged] == [SLOW], record["flags"]
     assert "train_cpus" in flagged[0]["cause"]
@@ -73,10 +81,14 @@ def test_doctor_measures_every_host_and_flags_the_slow_one(cluster: Any, doctor:
 def test_balanced_run_gives_the_slow_host_the_smallest_share(
     cluster: Any, doctor: Any, slow_inventory: list[str]
 ) -> None:
+    """train_doctor=true checks the hosts first (a newer report than doctor.yml's), and
+    train_balance=auto takes its figures."""
     rid = run_id("balance")
+    before = newest_doctor_record(cluster)["name"]
     run = train(
         cluster, rid, *slow_inventory, "-e", "train_synthetic=true", "-e", "train_balance=auto",
-        "-e", "train_max_steps=6", "-e", "train_synthetic_size=480", *model_vars("train"),
+        "-e", "train_doctor=true", "-e", "train_max_steps=6", "-e", "train_synthetic_size=480",
+        *model_vars("train"),
     )  # fmt: skip
     assert run.rc == 0, run.tail()
     data = summary(cluster, rid)
@@ -86,10 +98,10 @@ def test_balanced_run_gives_the_slow_host_the_smallest_share(
     assert batches[2] == min(batches), batches  # node3 is node rank 2
     assert batches[2] < batches[0], batches
     record = newest_doctor_record(cluster)
+    assert record["name"] > before  # train_doctor's own report
+    assert f"FLAG compute {SLOW}: " in run.stdout  # its table, in train.yml's output
     config = json.loads(run_file(cluster, rid, "config.json"))
-    assert config["balance"]["source"].endswith(
-        record["name"]
-    )  # the doctor's figures, no calibration
+    assert config["balance"]["source"].endswith(record["name"])  # no calibration
     assert "--batch-weights" in config["trainer_args"]
     assert config["cpus"][SLOW] == CPUS
     assert f"weights from {SHARED}/doctor/{record['name']}" in run.stdout
