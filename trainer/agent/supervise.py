@@ -191,12 +191,18 @@ class Agent:
         cfg = self.cfg
         beats = rank_views(self.ranks.heartbeats(), now)
         for r in beats:
-            if r["live_age"] is not None and r["live_age"] > cfg.heartbeat_timeout:
+            # "done" is a rank's last record: it is exiting (process-group teardown, loader
+            # workers, interpreter shutdown: seconds on a busy host), not frozen, until it
+            # outlasts the stop timeout too.
+            done = r["phase"] == "done"
+            limit = max(cfg.heartbeat_timeout, cfg.stop_timeout) if done else cfg.heartbeat_timeout
+            if r["live_age"] is not None and r["live_age"] > limit:
+                what = "did not exit" if done else "frozen"
                 return self._failure(
                     cfg.node_rank,
                     r["rank"],
                     None,
-                    f"rank {r['rank']} frozen (no heartbeat for {r['live_age']:.0f}s "
+                    f"rank {r['rank']} {what} (no heartbeat for {r['live_age']:.0f}s "
                     f"at step {r['step']}, phase {r['phase']})",
                 )
         hang = hang_cause(self.peers.views, cfg.hosts, cfg.heartbeat_timeout)

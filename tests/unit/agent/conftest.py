@@ -44,15 +44,17 @@ while True:
 
 # A stand-in for a trainer rank: behaviour from FAKE_<rank> = "run:<s>", "exit:<code>:<s>",
 # "hang" (alive, no progress after step 3), "stoppable" (SIGTERM -> exit 143),
-# "deaf" (ignores SIGTERM). Writes heartbeats like the trainer (a thread, once a second).
+# "deaf" (ignores SIGTERM), "done:<s>" (a last heartbeat in phase "done", then <s> seconds
+# before it exits 0, as a trainer tearing down). Writes heartbeats like the trainer (a thread).
 RANK = r"""
 import json, os, signal, sys, threading, time
 rank = int(sys.argv[1])
 mode = os.environ.get(f"FAKE_{rank}", "run:60").split(":")
 hb_dir = os.environ["DDPFLEET_HEARTBEAT_DIR"]
 state = {"step": 0, "progress_time": time.time(), "phase": "train"}
+beating = [True]
 def beat():
-    while True:
+    while beating[0]:
         rec = {"rank": rank, "local_rank": 0, "pid": os.getpid(), "host": "h", "time": time.time(),
                "step": state["step"], "total_steps": 1000, "epoch": 0, "phase": state["phase"],
                "progress_time": state["progress_time"], "loss": 1.5, "images_per_sec": 10.0}
@@ -67,6 +69,12 @@ if mode[0] == "stoppable":
     signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
 if mode[0] == "deaf":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if mode[0] == "done":
+    state["step"], state["phase"] = 5, "done"
+    time.sleep(0.8)  # the "done" record is written
+    beating[0] = False
+    time.sleep(float(mode[1]))
+    sys.exit(0)
 deadline = time.time() + (float(mode[-1]) if mode[0] in ("run", "exit") else 120)
 while time.time() < deadline:
     if stop:

@@ -70,6 +70,27 @@ def test_frozen_rank_is_named_not_its_peers(cluster):
     assert "frozen" in failure["reason"]
 
 
+def test_a_rank_that_finished_may_take_longer_than_the_heartbeat_timeout_to_exit(cluster):
+    # the trainer's last heartbeat says "done"; its exit can take seconds more on a busy host
+    # (CI saw 4 s after a stop): no "frozen" failure for that, within the stop timeout
+    c = cluster(2, **{"heartbeat-timeout": 2, "stop-timeout": 30})
+    c.start({0: "done:5", 1: "done:5"})
+    assert c.wait(40) == [0, 0], c.output()
+    assert c.json("nodes/h1.exit")["outcome"] == "completed"
+
+
+def test_a_finished_rank_that_never_exits_fails_after_the_stop_timeout(cluster):
+    c = cluster(2, **{"heartbeat-timeout": 2, "stop-timeout": 4})
+    c.start({0: "run:60", 1: "done:60"})
+    t0 = time.monotonic()
+    codes = c.wait(40)
+    assert all(code != 0 for code in codes), (codes, c.output())
+    assert time.monotonic() - t0 < 4 + 15, c.output()
+    failure = c.json("summary.json")["failure"]
+    assert (failure["host"], failure["rank"]) == ("h1", 1), failure
+    assert "did not exit" in failure["reason"]
+
+
 def test_hang_names_the_rank_whose_step_stopped_first(cluster):
     # both ranks alive; rank 0 stops progressing at step 3, rank 1 at step 4
     c = cluster(2, **{"heartbeat-timeout": 3})
