@@ -33,10 +33,13 @@ from PIL import Image
 from torch.nn import functional as TF
 from torchvision.io import ImageReadMode, decode_jpeg
 
+from trainer import jpeg
+
 # torchvision 0.29 marks its image codecs deprecated in favour of TorchCodec (not in the image).
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities")
 
 JPEG_MAGIC = b"\xff\xd8\xff"
+JPEG_EOI = b"\xff\xd9"
 # What reading or decoding a bad file raises (UnidentifiedImageError is an OSError).
 UNREADABLE = (OSError, ValueError, RuntimeError, SyntaxError, Image.DecompressionBombError)
 Box = tuple[int, int, int, int]
@@ -143,6 +146,10 @@ def _bytes_tensor(data: bytes) -> torch.Tensor:
 
 def decode_cpu(data: bytes, plan: Planner, epoch: int, index: int) -> torch.Tensor:
     """Decode and transform one file on the CPU (raises one of UNREADABLE if it is bad)."""
+    if jpeg.REGION is not None and data[:3] == JPEG_MAGIC:
+        img = _decode_jpeg_region(jpeg.REGION, data, plan, epoch, index)
+        if img is not None:
+            return img
     with Image.open(io.BytesIO(data)) as im:
         w, h = im.size
         box, flip = plan(w, h, epoch, index)
@@ -158,6 +165,40 @@ def decode_cpu(data: bytes, plan: Planner, epoch: int, index: int) -> torch.Tens
     if (sx, sy) != (1.0, 1.0):
         box = (round(box[0] * sx), round(box[1] * sy), round(box[2] * sx), round(box[3] * sy))
     return crop_resize(img, box, flip, plan.size)
+
+
+def _decode_jpeg_region(
+    region: jpeg.RegionDecoder, data: bytes, plan: Planner, epoch: int, index: int
+) -> torch.Tensor | None:
+    """The crop's rows and columns only, at the largest DCT scale that keeps the crop at
+    least the output size (libddpfleet_jpeg); None where the library cannot do this file.
+
+    A file that does not end in EOI goes to the whole-file decoders: the region decode reads
+    nothing below the crop, so a truncated file would pass in one epoch and fail in the next;
+    they call it bad every time (and a valid file with bytes after EOI is only slower)."""
+    if not data.endswith(JPEG_EOI):
+        return None
+    size = region.size(data)
+    if size is None:
+        return None
+    w, h = size
+    box, flip = plan(w, h, epoch, index)
+    k = draft_factor(box, plan.size)
+    sw, sh = -(-w // k), -(-h // k)  # libjpeg's scaled size
+    if k > 1:
+        box = (
+            round(box[0] * sw / w),
+            round(box[1] * sh / h),
+            max(round(box[2] * sw / w), round(box[0] * sw / w) + 1),
+            max(round(box[3] * sh / h), round(box[1] * sh / h) + 1),
+        )
+    got = region.decode(data, k, box, sw)
+    if got is None:
+        return None
+    rows, first = got
+    left, top, right, bottom = box
+    img = rows.permute(2, 0, 1)  # CHW view, channels_last strides
+    return crop_resize(img, (left - first, 0, right - first, bottom - top), flip, plan.size)
 
 
 # An encoded sample: kind, and meta = (left, top, right, bottom, flip, index).

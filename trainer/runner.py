@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from trainer import checkpoint as ckpt
 from trainer import distributed as dist_utils
+from trainer import jpeg
 from trainer.balance import loss_scale, parse_weights, rank_batches
 from trainer.config import (
     BadInputError,
@@ -239,6 +240,8 @@ def _train(
         _start_records(cfg, plan)
         run.metrics = MetricsLog(out / "metrics.jsonl", start_step if state else None)
     LOG.info("world %d, device %s, amp %s, %d steps", env.world_size, env.device, amp_dtype, total)
+    if cfg.decode == "cpu" and not cfg.synthetic:
+        LOG.info("JPEG decoding: %s", _cpu_jpeg_decoder())
     stopped, accuracy, start_batch = _loop(run, train_loader, val_loader, start_batch, epochs)
     ckpt.save_run(run, start_batch)
     if env.device.type == "cuda":
@@ -265,10 +268,17 @@ def _train(
         "device": env.device.type,
         "throughput_warmup_steps": cfg.throughput_warmup,
         "decode": cfg.decode,
+        "jpeg_region_decoder": jpeg.REGION is not None,
         "warmup_epochs": round(warmup, 3),
         "bad_samples": len(bad),
         "bad_sample_paths": bad[:SHOWN_PATHS],
     }
+
+
+def _cpu_jpeg_decoder() -> str:
+    if jpeg.REGION is None:
+        return f"whole files (no {jpeg.DEFAULT_PATH}: the crop's region only needs it)"
+    return f"the crop's region only, at a DCT scale where it allows ({jpeg.REGION.path})"
 
 
 def run(argv: list[str] | None, stop: StopFlag) -> int:
