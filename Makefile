@@ -7,6 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ddpfleet-installed
+JPEG_LIB := $(VENV)/lib/libddpfleet_jpeg.so
 INVENTORY ?= inventory/sandbox/hosts.yml
 RUN_ID ?= demo
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
@@ -24,7 +25,13 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $@
 
-venv: $(STAMP) ## Create or update the pinned environment in .venv (seconds when nothing changed)
+# The trainer's region JPEG decoder (trainer/jpeg.py), built as the image's jpeg stage builds it.
+$(JPEG_LIB): images/trainer/jpegcrop.c $(STAMP)
+	@printf '#include <stdio.h>\n#include <jpeglib.h>\n' | cc -E -x c - >/dev/null 2>&1 || { \
+		echo "make: $@ needs a C compiler and libjpeg's headers (apt-get install gcc libc6-dev libjpeg-dev)" >&2; exit 1; }
+	cc -O2 -Wall -Wextra -Werror -fPIC -shared -fvisibility=hidden -o $@ $< -ljpeg
+
+venv: $(STAMP) $(JPEG_LIB) ## Create or update the pinned environment in .venv (seconds when nothing changed)
 
 lint: $(STAMP) ## ansible-lint (production profile), yamllint, ruff lint + format check
 	$(BIN)/yamllint --strict .
@@ -36,7 +43,7 @@ format: $(STAMP) ## Apply ruff's formatting and safe fixes
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-unit: $(STAMP) ## Unit tier: pure Python, filters, trainer on CPU (incl. 2-rank gloo runs)
+unit: $(STAMP) $(JPEG_LIB) ## Unit tier: pure Python, filters, trainer on CPU (incl. 2-rank gloo runs)
 	$(BIN)/python -m pytest tests/unit
 
 check: lint unit ## Fast inner loop: lint + unit tests
@@ -65,7 +72,7 @@ demo: sandbox ## Sandbox up, site.yml, train.yml -e run_id=$(RUN_ID), summary ta
 bench: $(STAMP) ## Benchmark: naive DDP loop vs the trainer (prints img/s and the ratio)
 	$(BIN)/python bench/ddp_bench.py
 
-bench-decode: $(STAMP) ## CPU JPEG decode benchmark: JPEGs/s per core before vs --decode cpu, ratio last
+bench-decode: $(STAMP) $(JPEG_LIB) ## CPU JPEG decode benchmark: JPEGs/s per core before vs --decode cpu, ratio last
 	$(BIN)/python bench/decode_bench.py
 
 bench-balance: $(STAMP) ## Sandbox: one host slowed (train_cpus), train_balance off vs auto; img/s and ratio last

@@ -9,14 +9,19 @@ portrait, 4:3 and 3:2) to memory, then turns each into a training sample of
 
 (a) before: PIL decodes the whole file, ``convert("RGB")``, ``resize(box=crop)`` with
     bilinear filtering, flip, ``pil_to_tensor`` (trainer/data.py until the decode paths);
-(b) now: ``trainer.decode.decode_cpu``: a reduced-size decode (PIL ``draft``, JPEG DCT
-    scaling) where the crop is at least twice the output size, else libjpeg-turbo straight
-    into a tensor; crop, antialiased bilinear resize (torch's uint8 kernel) and flip.
+(b) whole files: ``trainer.decode.decode_cpu`` without ``libddpfleet_jpeg``: a reduced-size
+    decode (PIL ``draft``, JPEG DCT scaling) where the crop is at least twice the output
+    size, else libjpeg-turbo straight into a tensor; crop, antialiased bilinear resize
+    (torch's uint8 kernel) and flip;
+(c) now (``--decode cpu`` in the image): the same with ``libddpfleet_jpeg``
+    (images/trainer/jpegcrop.c): only the crop's rows and columns are reconstructed, at the
+    same DCT scale; its pixels are those of (b).
 
-Each path runs over every file ``--rounds`` times, alternating; a round's rate is files per
+Each path runs over every file ``--rounds`` times, in turn; a round's rate is files per
 CPU second of this process (``time.process_time``: other load on a shared machine does not
-count against either path), and the best round counts. Prints JPEGs/s per core for both,
-how often (b) could decode at reduced size, and the ratio, last.
+count against any path), and the best round counts. Prints JPEGs/s per core for each, how
+often a crop allowed a reduced-size decode, and the ratio now/before, last. Without the
+library (``make venv`` builds it) (c) is left out and the ratio is (b)'s.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
+from trainer import jpeg
 from trainer.decode import Planner, decode_cpu, draft_factor, jpeg_size
 
 SHAPES = ((4, 3), (3, 4), (3, 2), (2, 3))
@@ -61,6 +67,14 @@ def before(data: bytes, plan: Planner, index: int) -> torch.Tensor:
     return F.pil_to_tensor(img)
 
 
+def whole_files(data: bytes, plan: Planner, index: int) -> torch.Tensor:
+    region, jpeg.REGION = jpeg.REGION, None
+    try:
+        return decode_cpu(data, plan, 0, index)
+    finally:
+        jpeg.REGION = region
+
+
 def now(data: bytes, plan: Planner, index: int) -> torch.Tensor:
     return decode_cpu(data, plan, 0, index)
 
@@ -83,27 +97,35 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     files = [photo_like(i, a.source) for i in range(a.count)]
     plan = Planner(a.image_size, train=True, seed=0)
-    for i in range(4):  # same output for both paths (shape, dtype) before timing anything
-        assert before(files[i], plan, i).shape == now(files[i], plan, i).shape
+    paths = {"before": before, "whole": whole_files}
+    if jpeg.REGION is not None:
+        paths["now"] = now
+    for i in range(4):  # same output for every path (shape, dtype) before timing anything
+        assert len({tuple(fn(files[i], plan, i).shape) for fn in paths.values()}) == 1
     reduced = sum(
         draft_factor(plan(*jpeg_size(d), 0, i)[0], a.image_size) > 1 for i, d in enumerate(files)
     )
-    best = {"before": 0.0, "now": 0.0}
+    best = dict.fromkeys(paths, 0.0)
     for _ in range(a.rounds):
-        best["before"] = max(best["before"], rate(before, files, plan))
-        best["now"] = max(best["now"], rate(now, files, plan))
+        for name, fn in paths.items():
+            best[name] = max(best[name], rate(fn, files, plan))
     kb = sum(map(len, files)) / len(files) / 1024
     out = sys.stdout
     out.write(
         f"{a.count} JPEGs, long side {a.source} px, {kb:.0f} KiB each, to {a.image_size} px; "
     )
     out.write(f"1 thread, CPU time, best of {a.rounds} rounds\n")
-    out.write(
-        f"before (PIL full decode, convert, resize): {best['before']:7.1f} JPEGs/s per core\n"
-    )
-    out.write(f"now (--decode cpu):                        {best['now']:7.1f} JPEGs/s per core\n")
-    out.write(f"crops decoded at reduced size (draft): {reduced}/{a.count}\n")
-    out.write(f"ratio now/before: {best['now'] / best['before']:.2f}x\n")
+    rows = [("before (PIL full decode, convert, resize)", "before")]
+    rows.append(("whole files (no libddpfleet_jpeg)", "whole"))
+    if "now" in best:
+        rows.append(("now (--decode cpu, crop region only)", "now"))
+    for label, name in rows:
+        out.write(f"{label + ':':43s} {best[name]:7.1f} JPEGs/s per core\n")
+    if "now" not in best:
+        out.write(f"now: no {jpeg.DEFAULT_PATH} (make venv builds it): whole files only\n")
+    out.write(f"crops that allowed a reduced-size decode: {reduced}/{a.count}\n")
+    last = best.get("now", best["whole"])
+    out.write(f"ratio now/before: {last / best['before']:.2f}x\n")
     return 0
 
 

@@ -1,5 +1,6 @@
 """Print the training stack's versions: torch, CUDA, cuDNN, NCCL, torchvision, trainer (and
-whether the RDMA userspace NCCL uses for InfiniBand is there).
+whether the RDMA userspace NCCL uses for InfiniBand is there, and the trainer's region JPEG
+decoder).
 
 Run at image build time (the build log records them) and on demand:
 ``docker run --rm IMAGE python /opt/ddpfleet/versions.py``. Exits non-zero if the stack
@@ -30,6 +31,7 @@ def versions() -> dict[str, str]:
     torch = importlib.import_module("torch")
     torchvision = importlib.import_module("torchvision")
     importlib.import_module("trainer")  # proves the trainer package is installed
+    region = importlib.import_module("trainer.jpeg").REGION  # the Dockerfile's jpeg stage
 
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     return {
@@ -43,6 +45,7 @@ def versions() -> dict[str, str]:
         "gpus visible": str(torch.cuda.device_count()),
         # NCCL loads it for InfiniBand/RoCE; CUDA images carry it, CPU (sandbox) ones need not
         "libibverbs": "present" if ctypes.util.find_library("ibverbs") else "absent",
+        "jpeg regions": str(region.path) if region else "absent (whole-file decoding)",
     }
 
 

@@ -104,6 +104,8 @@ def test_image_carries_the_pinned_stack(host: Any, image: dict[str, Any], ref: s
     assert found["torchvision"].split("+")[0] == pinned("torchvision")
     assert found["trainer"]
     assert {"cuda (build)", "cudnn", "nccl"} <= found.keys()
+    # the Dockerfile's jpeg stage: the trainer decodes only the crop's region of each JPEG
+    assert found["jpeg regions"] == "/opt/ddpfleet/venv/lib/libddpfleet_jpeg.so"
 
 
 def manifest(host: Any, reference: str) -> dict[str, Any]:
