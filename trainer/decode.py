@@ -7,11 +7,13 @@ Then one chain executes it, wherever it runs: crop, antialiased bilinear resize 
 size x size, flip, rounded to uint8. So CPU and GPU decoding see the same crops, and a run
 resumed mid-epoch sees exactly the batches an uninterrupted run would have seen.
 
-- ``cpu``: the loader workers decode. Where the box is at least twice the output size on
-  its short side, PIL decodes JPEGs at 1/2, 1/4 or 1/8 scale (``Image.draft``, libjpeg's DCT
-  scaling), so the decoded box is still at least the output size; otherwise JPEGs go
-  through torchvision's libjpeg-turbo decoder straight into a tensor (no PIL image, no RGB
-  copy). Other formats: PIL.
+- ``cpu``: the loader workers decode. JPEGs go to ``libddpfleet_jpeg`` (trainer.jpeg, built
+  into the image): only the box's rows and columns are reconstructed, and where the box is
+  at least twice the output size on its short side, at 1/2, 1/4 or 1/8 scale (libjpeg's DCT
+  scaling), so the decoded box is still at least the output size. Its pixels are exactly
+  those of the whole-file path, which is the fallback (no library, a file it cannot do, a
+  file not ending in EOI): PIL at the same DCT scale (``Image.draft``), else torchvision's
+  libjpeg-turbo decoder straight into a tensor. Other formats: PIL.
 - ``gpu``: the workers only read bytes and the JPEG header (size -> plan); the rank decodes
   the whole batch with nvJPEG (``torchvision.io.decode_jpeg(list, device="cuda")``) and
   runs the same chain on the GPU. Files that are not JPEG are done by the workers as above.

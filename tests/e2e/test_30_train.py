@@ -301,6 +301,9 @@ def test_imagefolder_run_on_shared_storage(cluster: Any, dataset: str) -> None:
     assert data["world_size"] == len(cluster.nodes)
     assert data["steps"] == 48 // (4 * len(cluster.nodes))
     assert data["final_accuracy"] is not None
+    # the image's region JPEG decoder did the decoding (built in the Dockerfile's jpeg stage)
+    assert data["decode"] == "cpu"
+    assert data["jpeg_region_decoder"] is True
 
 
 def validation_seconds(cluster: Any, rid: str) -> float:
