@@ -1,5 +1,6 @@
 """Unequal hosts on the sandbox: doctor.yml finds the slowed host, train_balance=auto gives it
-the smallest share of the global batch, and bad weights are refused before anything starts.
+the smallest share of the global batch, and bad weights or a quota above a host's CPUs are
+refused before anything starts.
 
 node3 is made slow the way a user would: ``train_cpus`` (a Docker CPU quota on its run and
 doctor containers) in an extra inventory file beside the sandbox's.
@@ -118,6 +119,22 @@ def test_bad_weights_are_refused_before_anything_starts(cluster: Any) -> None:
     run = train(cluster, rid, "-e", "train_synthetic=true", "-e", weights)
     assert run.rc != 0
     assert "train_balance weight of node3 must be a finite number > 0 (got 0)" in run.stdout
+    assert containers(cluster, rid) == {}
+    listing = cluster.ssh(cluster.nodes[0], f"ls {SHARED}/runs/").stdout.split()
+    assert rid not in listing
+
+
+def test_a_quota_above_the_hosts_cpus_is_refused_by_preflight(
+    cluster: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """dockerd would refuse ``--cpus`` above its CPUs only when the container starts: the
+    preflight refuses it first, naming the host, and nothing is launched."""
+    path = tmp_path_factory.mktemp("quota") / "quota.yml"
+    path.write_text("all:\n  hosts:\n    node2:\n      train_cpus: 4096\n")
+    rid = run_id("bigquota")
+    run = train(cluster, rid, "-i", str(path), "-e", "train_synthetic=true")
+    assert run.rc != 0
+    assert "preflight failed on node2: train_cpus is 4096, more than the " in run.stdout
     assert containers(cluster, rid) == {}
     listing = cluster.ssh(cluster.nodes[0], f"ls {SHARED}/runs/").stdout.split()
     assert rid not in listing

@@ -190,6 +190,7 @@ def test_preflight_names_every_problem_on_one_line():
             ],
             "shm_mb": 10**9,
             "ipc_host": True,
+            "cpus": len(os.sched_getaffinity(0)) + 0.5,
         },
         expect_ok=False,
     )
@@ -199,11 +200,15 @@ def test_preflight_names_every_problem_on_one_line():
     assert "no-such-host.invalid does not resolve" in msg
     assert "localhost resolves to 127.0.0.1, not its cluster_ip 10.9.9.9" in msg
     assert "/dev/shm is" in msg
+    assert f"train_cpus is {len(os.sched_getaffinity(0)) + 0.5:g}, more than the " in msg
 
 
 def test_preflight_passes_and_reports_what_the_engine_may_grant():
     peer = {"name": "lh", "hostname": "localhost", "cluster_ip": "127.0.0.1"}
-    result = module("ddpfleet_run_preflight", {"host": "node1", "peers": [peer], "shm_mb": 1})
+    cpus = len(os.sched_getaffinity(0))  # a quota of every CPU fits
+    result = module(
+        "ddpfleet_run_preflight", {"host": "node1", "peers": [peer], "shm_mb": 1, "cpus": cpus}
+    )
     assert result["gpu_models"] == []
     assert set(result["ulimits"]) == {"memlock", "stack"}
 

@@ -58,17 +58,15 @@ def balance_problems(balance: object, hosts: list[str]) -> list[str]:
     return problems
 
 
-def cpus_problems(hostvars: object, hosts: list[str], cores: dict | None = None) -> list[str]:
+def cpus_problems(hostvars: object, hosts: list[str]) -> list[str]:
     """Each trainer's train_cpus (a Docker CPU quota for its run containers; 0: none) must be a
-    finite number >= 0, and no more than the host's cores when those are known."""
+    finite number >= 0 (whether the host has that many CPUs, its preflight checks)."""
     problems = []
     for host in hosts:
         value = hostvars[host].get("train_cpus", 0)  # type: ignore[index]
         cpus = _number(value)
         if cpus is None or cpus < 0:
             problems.append(f"train_cpus of {host} must be a finite number >= 0 (got {value!r})")
-        elif cores and host in cores and cpus > float(cores[host]):
-            problems.append(f"train_cpus of {host} is {cpus:g}, more than its {cores[host]} cores")
     return problems
 
 

@@ -13,8 +13,9 @@ module: ddpfleet_run_preflight
 short_description: Check that a host can take part in a ddpfleet run
 description:
 - Every peer's hostname resolves to its cluster_ip; /dev/shm (host IPC) or memory (private
-  shm) is big enough; the GPUs (nvidia-smi) are there, as many as asked for (default: every
-  one found), no fewer than the processes per host, and of a supported compute capability;
+  shm) is big enough; the CPU quota fits the host's CPUs; the GPUs (nvidia-smi) are there,
+  as many as asked for (default: every one found), no fewer than the processes per host,
+  and of a supported compute capability;
   with /dev/infiniband, the engine grants unlimited memlock. Fails with one line naming the
   host and every problem found. Returns the GPUs to use, the InfiniBand devices and what the
   Docker engine may grant as ulimits.
@@ -48,6 +49,10 @@ options:
     description: Lowest compute capability the training image's CUDA runs on.
     type: str
     default: "7.5"
+  cpus:
+    description: The run containers' Docker CPU quota (train_cpus); 0 is none.
+    type: float
+    default: 0.0
 author: ddpfleet
 """
 
@@ -150,6 +155,14 @@ def check_shm(shm_mb: int, ipc_host: bool) -> list[str]:
     return []
 
 
+def check_cpus(quota: float, available: int) -> list[str]:
+    """train_cpus (a Docker CPU quota; 0: none) must fit the host: dockerd refuses --cpus above
+    the CPUs it may use, when the container starts, after the run was launched."""
+    if quota > available:
+        return [f"train_cpus is {quota:g}, more than the {available} CPUs of this host"]
+    return []
+
+
 def parse_gpus(out: str) -> list[tuple[str, str]]:
     """nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader -> [(name, "X.Y")]."""
     rows = [ln.rsplit(",", 1) for ln in out.splitlines() if "," in ln]
@@ -230,11 +243,13 @@ def main() -> None:
             "gpus": {"type": "int", "default": -1},
             "nproc": {"type": "int", "default": 0},
             "min_compute_capability": {"type": "str", "default": "7.5"},
+            "cpus": {"type": "float", "default": 0.0},
         },
         supports_check_mode=True,
     )
     p = module.params
     problems = check_names(p["peers"]) + check_shm(p["shm_mb"], p["ipc_host"])
+    problems += check_cpus(p["cpus"], len(os.sched_getaffinity(0)))
     gpu_problems, gpus, found = check_gpus(
         module, p["gpus"], p["nproc"], p["min_compute_capability"]
     )
