@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+
 import pytest
 import torch
 
@@ -20,7 +26,7 @@ def test_no_cuda_is_one_line_naming_the_host(capsys: pytest.CaptureFixture[str])
     assert gpucheck.main(["--host", "gpu7", "--gpus", "1"]) == 1
     out = capsys.readouterr().out
     assert out.count("\n") == 1
-    assert out.startswith("gpucheck failed on gpu7: CUDA is not available")
+    assert out.startswith("gpucheck failed on gpu7: CUDA cannot start: Found no NVIDIA driver")
 
 
 def test_a_rank_that_fails_is_named() -> None:
@@ -52,3 +58,81 @@ def test_a_wrong_sum_is_reported() -> None:
 def test_bad_arguments_exit_2() -> None:
     assert gpucheck.main(["--gpus", "0"]) == 2
     assert gpucheck.main(["--gpus", "1", "--min-capability", "seven"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("message", "line"),
+    [
+        (
+            "Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before "
+            "calling NumCudaDevices() that might have already set an error? Error 802: system "
+            "not yet initialized",
+            "CUDA cannot start: Error 802: system not yet initialized (on an NVSwitch board "
+            "(HGX/DGX) nvidia-fabricmanager is not running, or its version differs from the "
+            "driver's)",
+        ),
+        (
+            "Unexpected error from cudaGetDeviceCount(). Error 804: forward compatibility was "
+            "attempted on non supported HW",
+            "CUDA cannot start: Error 804: forward compatibility was attempted on non supported "
+            "HW (the image's CUDA forward-compatibility libraries do not support this GPU: "
+            "upgrade the host's driver)",
+        ),
+        (
+            "Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU "
+            "and installed a driver from http://www.nvidia.com/Download/index.aspx",
+            "CUDA cannot start: Found no NVIDIA driver on your system (the container got no GPU "
+            "(NVIDIA runtime or device request missing) or the host's driver is not loaded)",
+        ),
+        ("CUDA error: unknown error", "CUDA cannot start: CUDA error: unknown error"),
+    ],
+)
+def test_cuda_start_up_errors_are_one_line_with_their_usual_cause(message, line) -> None:
+    assert gpucheck.cuda_start_problem(RuntimeError(message)) == line
+
+
+def _rank_processes(started: float, timeout: float = 60.0) -> list[mp.Process]:
+    """gpucheck's rank processes in rank order, once both have started (the Manager is a child
+    too). They are made in rank order, and a process's name counts the children made."""
+    while time.monotonic() - started < timeout:
+        ranks = [p for p in mp.active_children() if p.name.startswith("SpawnProcess-")]
+        if len(ranks) == 2:
+            return sorted(ranks, key=lambda p: int(p.name.rsplit("-", 1)[1]))
+        time.sleep(0.01)
+    pytest.fail("gpucheck's ranks did not start")
+
+
+def _check_in_thread(timeout: float) -> tuple[threading.Thread, list[list[str]]]:
+    result: list[list[str]] = []
+    thread = threading.Thread(
+        target=lambda: result.append(gpucheck.check(2, "gloo", "cpu", (7, 5), timeout))
+    )
+    thread.start()
+    return thread, result
+
+
+def test_a_frozen_rank_is_reported_as_a_hang_and_ended() -> None:
+    """SIGSTOP one rank while it starts: its peer waits for it forever; gpucheck ends both at
+    its deadline and says the all-reduce hung, naming the ranks that never reported."""
+    started = time.monotonic()
+    thread, result = _check_in_thread(timeout=15)
+    ranks = _rank_processes(started)
+    os.kill(ranks[1].pid, signal.SIGSTOP)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    (problem,) = result[0]
+    assert problem.startswith("cpu:0, 1 did not finish within 15 s, a hang: ")
+    assert 15 <= time.monotonic() - started < 40
+    assert not any(p.is_alive() for p in ranks)
+
+
+def test_a_killed_rank_is_named_with_its_signal_and_its_peer_ended() -> None:
+    started = time.monotonic()
+    thread, result = _check_in_thread(timeout=60)
+    ranks = _rank_processes(started)
+    os.kill(ranks[0].pid, signal.SIGKILL)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert result[0] == ["cpu:0: the rank died (signal SIGKILL)"]
+    assert time.monotonic() - started < 30  # not the 60 s deadline: the peer was ended at once
+    assert not any(p.is_alive() for p in ranks)
