@@ -32,7 +32,6 @@ class Run:
     scaler: torch.amp.GradScaler
     criterion: nn.Module
     amp_dtype: torch.dtype | None
-    norm: torch.Tensor
     heartbeat: Heartbeat
     metrics: MetricsLog | None
     meter: Throughput

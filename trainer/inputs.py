@@ -14,6 +14,7 @@ import logging
 import torch
 from torch.utils.data import Dataset
 
+from trainer.data import mean_std, to_device
 from trainer.decode import EncodedBatch, decode_batch
 
 LOG = logging.getLogger("trainer")
@@ -40,8 +41,7 @@ class InputPipeline:
     def __init__(self, device: torch.device, size: int, channels_last: bool, max_bad: int) -> None:
         self.device, self.size = device, size
         self.channels_last, self.max_bad = channels_last, max_bad
-        scale = torch.tensor([(0.485, 0.456, 0.406), (0.229, 0.224, 0.225)], device=device)
-        self.norm = scale.mul_(255).view(2, 1, 3, 1, 1)
+        self.norm = mean_std(device)
         self.bad_paths: list[str] = []  # this rank's, in the order met, each once
 
     def __call__(
@@ -61,7 +61,8 @@ class InputPipeline:
                     "every sample of a batch is unreadable: " + ", ".join(self.bad_paths[-8:])
                 )
             images, labels = images[keep.to(images.device)], labels[keep]
-        return self._to_model(images), labels.to(self.device, non_blocking=True)
+        x = to_device(images, self.device, self.channels_last, self.norm)
+        return x, labels.to(self.device, non_blocking=True)
 
     def _record(self, labels: torch.Tensor, bad: torch.Tensor, dataset: Dataset) -> None:
         for code in labels[bad].tolist():
@@ -69,13 +70,6 @@ class InputPipeline:
             if path not in self.bad_paths:
                 self.bad_paths.append(path)
                 LOG.warning("skipped unreadable sample %s", path)
-
-    def _to_model(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 NCHW -> normalised float on the device (non-blocking from pinned memory)."""
-        x = images.to(self.device, non_blocking=True)
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x.float().sub_(self.norm[0]).div_(self.norm[1])
 
     def check(self, total_bad: int, gathered: list[list[str]] | None = None) -> None:
         """Raise BadSamplesError once the ranks' total is over the limit (every rank at once:

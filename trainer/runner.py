@@ -23,7 +23,7 @@ from trainer.config import (
     default_batch_size,
     parse_config,
 )
-from trainer.data import build_datasets, build_loader, mean_std
+from trainer.data import build_datasets, build_loader
 from trainer.decode import decode_choice
 from trainer.engine import Run, evaluate, stop_agreed, train_one_epoch
 from trainer.inputs import SHOWN_PATHS, InputPipeline
@@ -224,7 +224,6 @@ def _train(
         scaler,
         nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
         amp_dtype,
-        mean_std(env.device),
         heartbeat,
         None,
         Throughput(cfg.throughput_warmup),
