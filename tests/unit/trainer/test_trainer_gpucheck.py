@@ -102,37 +102,32 @@ def _rank_processes(started: float, timeout: float = 60.0) -> list[mp.Process]:
     pytest.fail("gpucheck's ranks did not start")
 
 
-def _check_in_thread(timeout: float) -> tuple[threading.Thread, list[list[str]]]:
+def _check_with_a_fault(rank: int, signum: int, timeout: float) -> tuple[list[str], float]:
+    """Run a 2-rank gloo check, send ``signum`` to ``rank`` as soon as it has started; return
+    the problems and the seconds the check took, once no rank process is left."""
     result: list[list[str]] = []
+    started = time.monotonic()
     thread = threading.Thread(
         target=lambda: result.append(gpucheck.check(2, "gloo", "cpu", (7, 5), timeout))
     )
     thread.start()
-    return thread, result
+    ranks = _rank_processes(started)
+    os.kill(ranks[rank].pid, signum)
+    thread.join(timeout=timeout + 45)
+    assert not thread.is_alive()
+    assert not any(p.is_alive() for p in ranks)
+    return result[0], time.monotonic() - started
 
 
 def test_a_frozen_rank_is_reported_as_a_hang_and_ended() -> None:
     """SIGSTOP one rank while it starts: its peer waits for it forever; gpucheck ends both at
     its deadline and says the all-reduce hung, naming the ranks that never reported."""
-    started = time.monotonic()
-    thread, result = _check_in_thread(timeout=15)
-    ranks = _rank_processes(started)
-    os.kill(ranks[1].pid, signal.SIGSTOP)
-    thread.join(timeout=60)
-    assert not thread.is_alive()
-    (problem,) = result[0]
+    (problem,), took = _check_with_a_fault(1, signal.SIGSTOP, timeout=15)
     assert problem.startswith("cpu:0, 1 did not finish within 15 s, a hang: ")
-    assert 15 <= time.monotonic() - started < 40
-    assert not any(p.is_alive() for p in ranks)
+    assert 15 <= took < 40
 
 
 def test_a_killed_rank_is_named_with_its_signal_and_its_peer_ended() -> None:
-    started = time.monotonic()
-    thread, result = _check_in_thread(timeout=60)
-    ranks = _rank_processes(started)
-    os.kill(ranks[0].pid, signal.SIGKILL)
-    thread.join(timeout=60)
-    assert not thread.is_alive()
-    assert result[0] == ["cpu:0: the rank died (signal SIGKILL)"]
-    assert time.monotonic() - started < 30  # not the 60 s deadline: the peer was ended at once
-    assert not any(p.is_alive() for p in ranks)
+    problems, took = _check_with_a_fault(0, signal.SIGKILL, timeout=60)
+    assert problems == ["cpu:0: the rank died (signal SIGKILL)"]
+    assert took < 30  # not the 60 s deadline: its peer was ended at once
