@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import itertools
 import math
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -209,23 +211,42 @@ KIND_JPEG, KIND_DECODED = 0, 1
 
 @dataclasses.dataclass
 class EncodedBatch:
-    """What a loader yields for GPU decoding: JPEG bytes (or, for other formats, the finished
-    uint8 image), and per sample kind, box, flip and index."""
+    """What a loader yields for GPU decoding: every sample's payload (its JPEG bytes, or for
+    other formats the finished uint8 CHW image) end to end in one tensor, and per sample its
+    kind, box, flip and index.
 
-    payloads: list[torch.Tensor]
+    One tensor, not one per sample: a loader worker hands each tensor to the rank as a file
+    descriptor, held until the rank takes the batch. 256 per batch times the batches in
+    flight ran past the 1024 open files Docker gives a container ("received 0 items of
+    ancdata"); now a batch is four."""
+
+    data: torch.Tensor  # uint8 (total bytes,)
+    offsets: torch.Tensor  # int64 (N + 1,): sample i is data[offsets[i]:offsets[i + 1]]
     meta: torch.Tensor  # int64 (N, 7): kind, left, top, right, bottom, flip, index
+
+    @classmethod
+    def pack(cls, payloads: Sequence[torch.Tensor], meta: torch.Tensor) -> EncodedBatch:
+        flat = [p.contiguous().reshape(-1) for p in payloads]  # an image: its CHW bytes
+        sizes = torch.tensor([0] + [len(f) for f in flat], dtype=torch.int64)
+        data = torch.cat(flat) if flat else torch.empty(0, dtype=torch.uint8)
+        return cls(data, sizes.cumsum(0), meta.to(torch.int64).reshape(len(flat), 7))
+
+    def payloads(self) -> list[torch.Tensor]:
+        """Each sample's bytes: views into ``data`` (1-D and contiguous, as nvJPEG wants)."""
+        ends = self.offsets.tolist()
+        return [self.data[a:b] for a, b in itertools.pairwise(ends)]
 
     def pin_memory(self) -> EncodedBatch:  # the DataLoader's pin_memory hook: bytes stay put
         return self
 
     def __len__(self) -> int:
-        return len(self.payloads)
+        return len(self.meta)
 
 
 def collate_encoded(samples: list[tuple[torch.Tensor, list[int], int]]) -> tuple:
     payloads, metas, labels = zip(*samples, strict=True)
-    meta = torch.tensor(metas, dtype=torch.int64).reshape(len(samples), 7)
-    return EncodedBatch(list(payloads), meta), torch.tensor(labels, dtype=torch.int64)
+    batch = EncodedBatch.pack(payloads, torch.tensor(metas, dtype=torch.int64))
+    return batch, torch.tensor(labels, dtype=torch.int64)
 
 
 def decode_batch(
@@ -239,17 +260,18 @@ def decode_batch(
     out = torch.zeros((n, 3, size, size), dtype=torch.uint8, device=device)
     bad = torch.zeros(n, dtype=torch.bool)
     meta = batch.meta.tolist()
+    payloads = batch.payloads()
     jpegs = [i for i in range(n) if meta[i][0] == KIND_JPEG]
     for i in range(n):
         if meta[i][0] == KIND_DECODED:
-            out[i] = batch.payloads[i].to(device, non_blocking=True)
+            out[i] = payloads[i].view(3, size, size).to(device, non_blocking=True)
     decoded: list[torch.Tensor | None]
     try:
         decoded = list(
-            decode_jpeg([batch.payloads[i] for i in jpegs], mode=ImageReadMode.RGB, device=device)
+            decode_jpeg([payloads[i] for i in jpegs], mode=ImageReadMode.RGB, device=device)
         )
     except RuntimeError:
-        decoded = [_decode_one(batch.payloads[i], device) for i in jpegs]
+        decoded = [_decode_one(payloads[i], device) for i in jpegs]
     for i, img in zip(jpegs, decoded, strict=True):
         if img is None:
             bad[i] = True

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +18,11 @@ from trainer_helpers import read_json, run_trainer
 from trainer.config import TrainConfig
 from trainer.data import FolderImages, build_datasets, build_loader, mean_std, to_device
 from trainer.decode import (
+    KIND_DECODED,
+    KIND_JPEG,
     EncodedBatch,
     Planner,
+    collate_encoded,
     crop_resize,
     decode_batch,
     decode_choice,
@@ -27,6 +32,7 @@ from trainer.decode import (
     sample_generator,
 )
 from trainer.inputs import BadSamplesError, InputPipeline
+from trainer.make_dataset import write_dataset
 
 CPU = torch.device("cpu")
 
@@ -102,7 +108,7 @@ def test_gpu_chain_on_cpu_tensors_matches_the_cpu_path(image_folder: Path) -> No
     cpu_batch = torch.stack([cpu_ds[k][0] for k in keys])
     labels = torch.tensor([cpu_ds[k][1] for k in keys])
     encoded = [enc_ds[k] for k in keys]
-    batch = EncodedBatch([e[0] for e in encoded], torch.tensor([e[1] for e in encoded]))
+    batch = EncodedBatch.pack([e[0] for e in encoded], torch.tensor([e[1] for e in encoded]))
     pipe = InputPipeline(CPU, 24, channels_last=True, max_bad=0)
     x_gpu, y_gpu = pipe(batch, torch.tensor([e[2] for e in encoded]), enc_ds)
     x_cpu = to_device(cpu_batch, CPU, True, mean_std(CPU))
@@ -153,8 +159,8 @@ def test_too_many_unreadable_samples_fail_naming_them(tmp_path: Path, image_fold
 
 
 def test_a_batch_of_only_unreadable_samples_fails() -> None:
-    batch = EncodedBatch([torch.tensor([255, 216, 255, 0], dtype=torch.uint8)], torch.zeros(1, 7))
-    batch.meta = torch.tensor([[0, 0, 0, 8, 8, 0, 3]])
+    meta = torch.tensor([[0, 0, 0, 8, 8, 0, 3]])
+    batch = EncodedBatch.pack([torch.tensor([255, 216, 255, 0], dtype=torch.uint8)], meta)
     with pytest.raises(BadSamplesError, match="every sample of a batch is unreadable: sample 3"):
         InputPipeline(CPU, 8, channels_last=False, max_bad=9)(batch, torch.tensor([1]), [])
 
@@ -163,7 +169,7 @@ def test_decode_batch_marks_what_nothing_can_decode() -> None:
     good = torch.frombuffer(bytearray(_jpeg(64, 48)), dtype=torch.uint8)
     broken = torch.frombuffer(bytearray(_jpeg(64, 48)[:200]), dtype=torch.uint8)
     meta = torch.tensor([[0, 0, 0, 40, 40, 1, 0], [0, 0, 0, 40, 40, 0, 1]])
-    out, bad = decode_batch(EncodedBatch([good, broken], meta), CPU, 16)
+    out, bad = decode_batch(EncodedBatch.pack([good, broken], meta), CPU, 16)
     assert out.shape == (2, 3, 16, 16)
     assert out.dtype == torch.uint8
     assert bad.tolist() == [False, True]
@@ -214,7 +220,7 @@ def test_gpu_chain_on_cpu_tensors_matches_the_old_pil_path() -> None:
     for i, data in enumerate(files):
         box, flip = plan(*Image.open(io.BytesIO(data)).size, 0, i)
         metas.append([0, *box, int(flip), i])
-    batch = EncodedBatch(
+    batch = EncodedBatch.pack(
         [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in files], torch.tensor(metas)
     )
     x, _ = InputPipeline(CPU, 64, channels_last=True, max_bad=0)(batch, torch.tensor([0, 1]), [])
@@ -223,3 +229,53 @@ def test_gpu_chain_on_cpu_tensors_matches_the_old_pil_path() -> None:
     assert x.dtype == want.dtype == torch.float32
     assert (x - want).abs().mean() < 0.01  # 0.6 grey levels (measured 0.2: the two filters)
     assert x.mean(dim=(0, 2, 3)) == pytest.approx(want.mean(dim=(0, 2, 3)).tolist(), abs=0.02)
+
+
+# A loader in its own process under a low open-files limit: each tensor a worker hands over
+# travels as a file descriptor, held until the rank takes the batch.
+_LOADER_UNDER_LIMIT = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from trainer.config import TrainConfig
+from trainer.data import build_datasets, build_loader
+cfg = TrainConfig(data_dir=sys.argv[1], image_size=16, batch_size=128, workers=2)
+train, _, _ = build_datasets(cfg, encoded=True)
+print(sum(len(images) for images, _ in build_loader(train, cfg, 0, 1, pin=False, train=True)))
+"""
+
+
+def test_gpu_decoding_batches_pass_between_processes_under_a_low_open_files_limit(
+    tmp_path: Path,
+) -> None:
+    """--decode gpu with loader workers and a soft limit of 256 open files (Docker CE gives
+    containers 1024): 4 batches of 128 JPEGs reach the rank. A batch as one tensor per file
+    needed 128 descriptors each, and the loader failed ("received 0 items of ancdata")."""
+    write_dataset(tmp_path, classes=2, train_per_class=256, val_per_class=0, size=16)
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOADER_UNDER_LIMIT, str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,  # before the fix the loader hung after its error
+    )
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert proc.stdout.split() == ["512"]
+
+
+def test_a_png_among_jpegs_travels_as_its_image_and_lands_in_its_place(tmp_path: Path) -> None:
+    """--decode gpu: the worker decodes a PNG itself; its finished image goes in the batch's
+    one tensor as CHW bytes, and the rank puts it back in its place, pixel for pixel."""
+    folder = tmp_path / "train" / "a"
+    folder.mkdir(parents=True)
+    for i in range(3):
+        (folder / f"{i}.jpg").write_bytes(_jpeg(64, 48))
+    Image.open(io.BytesIO(_jpeg(48, 64))).save(folder / "3.png")
+    cpu_ds = FolderImages(tmp_path / "train", 24, train=True, seed=0)
+    enc_ds = FolderImages(tmp_path / "train", 24, train=True, seed=0, encoded=True)
+    batch, labels = collate_encoded([enc_ds[(0, i)] for i in range(4)])
+    assert batch.meta[:, 0].tolist() == [KIND_JPEG] * 3 + [KIND_DECODED]
+    out, bad = decode_batch(batch, CPU, 24)
+    assert out.shape == (4, 3, 24, 24)
+    assert not bad.any()
+    assert torch.equal(out[3], cpu_ds[(0, 3)][0])
+    assert labels.tolist() == [0, 0, 0, 0]
