@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from trainer_helpers import read_json, run_trainer
+from trainer_helpers import read_json, run_trainer, trainer_env
 
 from trainer.config import TrainConfig
 from trainer.data import FolderImages, build_datasets, build_loader, mean_std, to_device
@@ -279,3 +279,34 @@ def test_a_png_among_jpegs_travels_as_its_image_and_lands_in_its_place(tmp_path:
     assert not bad.any()
     assert torch.equal(out[3], cpu_ds[(0, 3)][0])
     assert labels.tolist() == [0, 0, 0, 0]
+
+
+# The whole trainer with --decode gpu's pipeline, on the CPU: loader workers send JPEG bytes,
+# the rank decodes each batch (torchvision's decoder on CPU tensors) and crops it there.
+_GPU_PIPELINE_ON_CPU = """
+import sys
+import trainer.runner
+trainer.runner.decode_choice = lambda requested, device: "gpu"
+from trainer.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_run_through_the_gpu_input_pipeline_on_cpu_completes_and_skips_bad_files(
+    tmp_path: Path, image_folder: Path
+) -> None:
+    bad = _corrupt_copy(image_folder, tmp_path / "data")
+    out = tmp_path / "out"
+    args = [*RUN, "--workers", "2", "--data-dir", str(tmp_path / "data"), "--output-dir", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-c", _GPU_PIPELINE_ON_CPU, *args],
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = read_json(out / "summary.json")
+    assert (summary["status"], summary["decode"], summary["steps"]) == ("completed", "gpu", 6)
+    assert summary["bad_sample_paths"] == bad
