@@ -279,14 +279,18 @@ def dataset(cluster: Any) -> str:
 def long_val(cluster: Any) -> str:
     """Few training images, many validation images: validation outlasts HB_TIMEOUT."""
     return make_dataset(cluster, f"e2e-{STAMP}-val", "--classes 4 --train-per-class 12",
-                        "--val-per-class 500 --size 128")  # fmt: skip
+                        "--val-per-class 1200 --size 64")  # fmt: skip
 
 
-# 4 training steps an epoch (48 images / (4 x 3 ranks)); ~670 validation images per rank at
-# 160 px: ~20 s on the 2-core EPYC VM (350 per class took 15 s), long enough for stop.yml to
-# arrive during it on a faster CPU too.
-LONG_VAL = ["-e", "train_synthetic=false", "-e", "train_batch_size=4", "-e", "train_image_size=160",
-            "-e", "train_max_steps=0", "-e", f"train_heartbeat_timeout={HB_TIMEOUT}"]  # fmt: skip
+# 4 training steps an epoch (48 images / (4 x 3 ranks)); 1,600 validation images per rank:
+# many cheap batches (resnet18 at 64 px), so validation lasts long (43 s for the 3 ranks on the
+# 2-core EPYC without AVX512, where ResNet-50 is slowest; long enough for stop.yml to arrive
+# during it on a 3x faster CPU too) while a training step stays far below HB_TIMEOUT
+# (0.8 s there). ResNet-50 at 160 px took 3.5-4.7 s a step there, and a slower first step was
+# rightly called a hang at 5 s.
+LONG_VAL = ["-e", "train_synthetic=false", "-e", "train_batch_size=4", "-e", "train_arch=resnet18",
+            "-e", "train_image_size=64", "-e", "train_max_steps=0",
+            "-e", f"train_heartbeat_timeout={HB_TIMEOUT}"]  # fmt: skip
 
 
 def test_imagefolder_run_on_shared_storage(cluster: Any, dataset: str) -> None:
