@@ -283,11 +283,11 @@ def long_val(cluster: Any) -> str:
 
 
 # 4 training steps an epoch (48 images / (4 x 3 ranks)); 1,600 validation images per rank:
-# many cheap batches (resnet18 at 64 px), so validation lasts long (43 s for the 3 ranks on the
-# 2-core EPYC without AVX512, where ResNet-50 is slowest; long enough for stop.yml to arrive
-# during it on a 3x faster CPU too) while a training step stays far below HB_TIMEOUT
-# (0.8 s there). ResNet-50 at 160 px took 3.5-4.7 s a step there, and a slower first step was
-# rightly called a hang at 5 s.
+# many cheap batches (resnet18 at 64 px), so validation lasts long (on the 2-core EPYC without
+# AVX512, where ResNet-50 is slowest: 43 s for 3 ranks on the host, 53 s in the sandbox; long
+# enough for stop.yml to arrive during it on a 3x faster CPU too) while a training step stays
+# far below HB_TIMEOUT (0.8 s there). ResNet-50 at 160 px took 3.5-4.7 s a step there, and a
+# slower first step was rightly called a hang at 5 s.
 LONG_VAL = ["-e", "train_synthetic=false", "-e", "train_batch_size=4", "-e", "train_arch=resnet18",
             "-e", "train_image_size=64", "-e", "train_max_steps=0",
             "-e", f"train_heartbeat_timeout={HB_TIMEOUT}"]  # fmt: skip
