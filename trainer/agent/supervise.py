@@ -291,7 +291,7 @@ class Agent:
         self.records.write_exit(exit_rec)
         self._write_summary(outcome)
         if cfg.is_server and self.store_ok:
-            self._wait_for_peers()
+            self._wait_for_peers(outcome)
         if cfg.is_server and cfg.program:
             self._write_program_summary(outcome, exit_rec)
         if cfg.is_server:
@@ -343,10 +343,14 @@ class Agent:
             cfg.run_id, cfg.attempt, outcome, facts, cfg.log_tail_lines
         )
 
-    def _wait_for_peers(self) -> None:
-        """Serve the store until every other agent reported its exit, up to peer_timeout. Hosts
-        already silent (or named as gone by the failure) are not waited for."""
-        gone = set(self.peers.silent(time.time(), self.cfg.settle))
+    def _wait_for_peers(self, outcome: str) -> None:
+        """Serve the store until every other agent reported its exit, up to peer_timeout. After
+        a failure, hosts already silent (or named as gone by it) are not waited for; after a
+        completed run every host is: a loaded host's agent can be seconds late, and skipping
+        it left it "running" in the final progress.json (seen with a 2-core host busy)."""
+        gone: set[int] = set()
+        if outcome != "completed":
+            gone.update(self.peers.silent(time.time(), self.cfg.settle))
         if self.failure and self.failure.get("exit_code") is None:
             gone.add(int(self.failure.get("node_rank", -1)))
         deadline = time.time() + self.cfg.peer_timeout

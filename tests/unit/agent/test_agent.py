@@ -25,6 +25,22 @@ def test_completed_run_records_every_host(cluster):
     assert "node_rank 0 of 3" in (c.run_dir / "nodes" / "h0.log").read_text()
 
 
+def test_a_late_host_is_waited_for_after_a_completed_run(cluster):
+    """A loaded host's agent reports seconds late: node rank 0 waits for its exit (up to the
+    peer timeout) instead of ending the run with that host still "running"."""
+    c = cluster(3, **{"peer-timeout": 10, "heartbeat-timeout": 10})
+    c.start({0: "run:4", 1: "run:4", 2: "run:4"})
+    c.heartbeat_ready(2, step=1)
+    os.kill(c.procs[2].pid, signal.SIGSTOP)  # h2's agent stalls; its rank runs on and exits
+    try:
+        time.sleep(6)  # h0 and h1 complete while h2 is silent for longer than the settle time
+    finally:
+        os.kill(c.procs[2].pid, signal.SIGCONT)
+    assert c.wait() == [0, 0, 0], c.output()
+    assert c.json("progress.json")["hosts"] == {h: "exited" for h in c.hosts}
+    assert c.json("nodes/h2.exit")["outcome"] == "completed"
+
+
 def test_failed_rank_ends_every_host_and_names_it(cluster):
     c = cluster(3)
     c.start({0: "run:60", 1: "exit:3:2", 2: "run:60"})
