@@ -16,8 +16,8 @@ from test_30_train import containers, make_dataset, run_file, run_id, summary, t
 from train_fixtures import SHARED, STAMP
 
 # 0.3 of a core, against ~0.85 for each other host sharing the 2 cores: far below
-# doctor_flag_ratio 0.8. (At 0.15, every step on node3 of the doctor's checks, run twice, and
-# of the run made test_45 take 8 min on the EPYC without AVX512.)
+# doctor_flag_ratio 0.8. The doctor's checks (twice) and the run all wait on node3: at 0.15
+# this module took 8 min on the EPYC without AVX512, at 0.3 about 4 min.
 SLOW, CPUS = "node3", 0.3
 # the model both the doctor and the run use: small enough for 3 ranks on 2 cores
 MODEL = {"arch": "resnet18", "image_size": 64, "batch_size": 16, "amp": "auto"}
