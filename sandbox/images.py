@@ -137,10 +137,23 @@ def _build_tarball(tag: str, packages_file: str, setup: str | None, cache: Path)
             shutil.copyfile(RECIPE / setup, rootfs / "tmp/setup.sh")
             run(["chroot", str(rootfs), "/bin/sh", "/tmp/setup.sh"], timeout=300)
             (rootfs / "tmp/setup.sh").unlink(missing_ok=True)  # setup empties /tmp
+        _unmount_below(rootfs)
         partial = tarball.with_suffix(".partial")
-        run(["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(partial), "."])
+        # --one-file-system: a mount left in the chroot (its /proc, held by a process) is
+        # not packed; tar would read the host's /proc and fail.
+        run(["tar", "--numeric-owner", "--one-file-system", "-C", str(rootfs), "-cf",
+             str(partial), "."])  # fmt: skip
         partial.rename(tarball)
     return tarball
+
+
+def _unmount_below(rootfs: Path) -> None:
+    """Lazily unmount whatever debootstrap or the setup script left mounted in the chroot
+    (deepest first): a busy /proc there would otherwise stay mounted below the temp dir."""
+    prefix = f"{rootfs.resolve()}/"
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for point in sorted((m for m in mounts if m.startswith(prefix)), reverse=True):
+        run(["umount", "--lazy", point], check=False)
 
 
 def _tarball_name(tag: str) -> str:
