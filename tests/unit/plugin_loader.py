@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -19,3 +20,14 @@ def load_plugin(name: str, relative_path: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def node_shell(cmd: str, sudoable: bool = True) -> dict:
+    """An action plugin's ``_low_level_execute_command`` on a node reached as a sudo user:
+    run for real with /bin/sh, as root when it goes through become (``sudoable``), else as
+    an unprivileged login (nobody) — what a non-root ``ansible_user`` gets. Needs root."""
+    prefix = [] if sudoable else ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    proc = subprocess.run(
+        [*prefix, "/bin/sh", "-c", cmd], capture_output=True, text=True, check=False
+    )
+    return {"rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}

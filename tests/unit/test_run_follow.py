@@ -14,7 +14,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from plugin_loader import load_plugin
+from plugin_loader import load_plugin, node_shell
 
 follow = load_plugin(
     "ddpfleet_run_follow", "roles/trainer_run/action_plugins/ddpfleet_run_follow.py"
@@ -119,6 +119,24 @@ def test_read_follows_no_link_and_reads_as_the_owner_without_root_s_groups(open_
     assert read(run_dir) == {"progress.json": {"step": 3}}
     # read as root (uid and gid 0) config.json is there: the owner's read left it out
     assert read(run_dir, 0, 0)["config.json"] == {"attempt": "a1"}
+
+
+def test_status_reads_through_become_on_a_node_reached_as_a_sudo_user(open_dir: Path):
+    """The read needs root to drop to the owner: from a sudo login (inventory/sample's
+    ubuntu) it must go through become, or it runs as the login user and fails."""
+    run_dir = open_dir / "run"
+    (run_dir / "nodes").mkdir(parents=True)
+    (run_dir / "config.json").write_text('{"run_id": "r", "attempt": "a2"}')
+    for host in HOSTS:
+        (run_dir / "nodes" / f"{host}.exit").write_text(json.dumps(exit_rec(host)))
+    task = mock.MagicMock(async_val=0, check_mode=False)
+    task.args = {"run_dir": str(run_dir), "run_id": "r", "hosts": HOSTS, "once": True,
+                 "owner_uid": NOBODY, "owner_gid": NOBODY}  # fmt: skip
+    action = follow.ActionModule(task, mock.MagicMock(), mock.MagicMock(), None, None, None)
+    with mock.patch.object(action, "_low_level_execute_command", side_effect=node_shell):
+        result = action.run(task_vars={})
+    assert result["outcome"] == "completed"
+    assert result["status_lines"][0] == "run r: completed"
 
 
 # --- outcomes ------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from plugin_loader import load_plugin
+from plugin_loader import load_plugin, node_shell
 
 lock = load_plugin("ddpfleet_run_lock", "roles/trainer_run/action_plugins/ddpfleet_run_lock.py")
 OWNER = os.getuid() if os.getuid() else 65534  # as root the commands drop to nobody
@@ -39,12 +39,8 @@ def action(path: Path, pid: int, **args) -> dict:
     task.args = {"path": str(path), "owner_uid": OWNER, "owner_gid": OWNER, "poll": 0.05, **args}
     plugin = lock.ActionModule(task, mock.MagicMock(), mock.MagicMock(), None, None, None)
 
-    def execute(cmd: str, sudoable: bool = True) -> dict:
-        proc = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, check=False)
-        return {"rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
-
     with (
-        mock.patch.object(plugin, "_low_level_execute_command", side_effect=execute),
+        mock.patch.object(plugin, "_low_level_execute_command", side_effect=node_shell),
         mock.patch.object(lock.os, "getppid", return_value=pid),
     ):
         return plugin.run(task_vars={})

@@ -42,10 +42,12 @@ SPEC = {
 READER = r"""
 import os, stat, sys
 run_dir, uid, gid, mark = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-if os.getuid() == 0:
-    os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
+if os.getuid() != 0:
+    sys.exit("needs root on the node to act as the storage's owner: log in as root, or as a "
+             "sudo user with ansible_become: true")
+os.setgroups([])
+os.setgid(gid)
+os.setuid(uid)
 NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
 out = sys.stdout.buffer
 def opendir(name, parent=None):
@@ -202,7 +204,7 @@ class ActionModule(ActionBase):
     def _read(self, a: dict) -> tuple[dict | None, str]:
         cmd = read_command(a["run_dir"], a["owner_uid"], a["owner_gid"])
         try:
-            res = self._low_level_execute_command(cmd, sudoable=False)
+            res = self._low_level_execute_command(cmd, sudoable=True)
         except AnsibleConnectionFailure as exc:
             return None, str(exc)
         if res.get("rc") != 0:

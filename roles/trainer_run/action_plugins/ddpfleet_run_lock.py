@@ -31,7 +31,8 @@ SPEC = {
     "poll": {"type": "float", "default": 1.0},
 }
 
-# python3 on the node, as the owner with no supplementary groups. argv: path uid gid op
+# python3 on the node as root (through become where the login is a sudo user), which drops to
+# the owner with no supplementary groups. argv: path uid gid op
 # [content [stale content]]. read: print the holder. take: create exclusively and write
 # content (exit 0), or print the holder (exit 3). drop: remove the lock if it holds content.
 # replace: remove the lock if it still holds the stale content, then take it.
@@ -39,10 +40,12 @@ REMOTE = r"""
 import os, sys
 path, uid, gid, op = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 mine = sys.argv[5] if len(sys.argv) > 5 else ""
-if os.getuid() == 0:
-    os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
+if os.getuid() != 0:
+    sys.exit("needs root on the node to act as the storage's owner: log in as root, or as a "
+             "sudo user with ansible_become: true")
+os.setgroups([])
+os.setgid(gid)
+os.setuid(uid)
 def held():
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -113,7 +116,7 @@ class ActionModule(ActionBase):
     def _remote(self, a: dict, op: str, *extra: str) -> tuple[int, str]:
         args = [a["path"], str(a["owner_uid"]), str(a["owner_gid"]), op, *extra]
         cmd = f"python3 -c {shlex.quote(REMOTE)} " + " ".join(shlex.quote(x) for x in args)
-        res = self._low_level_execute_command(cmd, sudoable=False)
+        res = self._low_level_execute_command(cmd, sudoable=True)
         if res.get("rc") not in (0, 3):
             raise AnsibleConnectionFailure((res.get("stderr") or "").strip()[-500:])
         return res["rc"], res.get("stdout", "")
