@@ -34,6 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument(
             "--subnet", help="private IPv4 subnet (env SANDBOX_SUBNET, default 10.213.97.0/24)"
         )
+    up.add_argument(
+        "--login",
+        choices=("ops", "root"),
+        help="who Ansible logs in as (env SANDBOX_LOGIN): ops, a sudo user as on real "
+        "clusters (default), or root",
+    )
     down.add_argument(
         "--purge", action="store_true", help="also remove the cached images and rootfs"
     )
@@ -43,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = make_settings(args.subnet, args.nodes)
+        settings = make_settings(args.subnet, args.nodes, getattr(args, "login", None))
         if args.command == "up":
             cluster.up(settings)
         elif args.command == "down":

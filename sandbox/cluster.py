@@ -113,7 +113,7 @@ def _up(settings: Settings) -> None:
     boot = nodes.wait_booted(settings.nodes, timeout)
     for node in settings.nodes:
         nodes.mask_kernel_less_units(node)
-        nodes.authorize_key(node, public_key)
+        nodes.authorize_key(node, public_key, settings.login)
         nodes.wait_ssh(settings, node)
     hosts = inventory.write(settings, mode, base_tag, archive.name)
 
@@ -123,6 +123,8 @@ def _up(settings: Settings) -> None:
             f"booted in {boot[node.name]:.1f}s"
         )
     print(f"sandbox: storage mode: {mode} ({_mode_text(mode)})")
+    sudo = " (passwordless sudo)" if settings.login != "root" else ""
+    print(f"sandbox: Ansible logs in as {settings.login}{sudo}")
     print(f"sandbox: inventory: {hosts.relative_to(settings.root)}")
     print(f"sandbox: up in {time.monotonic() - started:.1f}s")
 

@@ -39,7 +39,9 @@ def hosts_yaml(settings: Settings) -> str:
         HEADER.rstrip("\n"),
         "all:",
         "  vars:",
-        "    ansible_user: root",
+        f"    ansible_user: {settings.login}",
+        # A sudo user, as on real clusters (inventory/sample logs in as ubuntu the same way).
+        *(["    ansible_become: true"] if settings.login != "root" else []),
         f"    ansible_ssh_private_key_file: {settings.key_path}",
         # The nodes are throwaway containers with fresh host keys on every `up`, reached on
         # a private Docker network: only this generated inventory skips host-key checks

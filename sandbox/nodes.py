@@ -165,10 +165,20 @@ def mask_kernel_less_units(node: Node) -> None:
     run(["docker", "exec", node.container, "sh", "-c", script], timeout=60)
 
 
-def authorize_key(node: Node, public_key: str) -> None:
+def authorize_key(node: Node, public_key: str, login: str) -> None:
+    """Let the sandbox key log in as root and as ``login``: a user with passwordless sudo,
+    made here the way a cloud image's first boot makes one (real clusters log in so)."""
+    user = "" if login == "root" else (
+        f"id -u {login} >/dev/null 2>&1 || useradd --create-home --shell /bin/bash {login}; "
+        f"echo '{login} ALL=(ALL:ALL) NOPASSWD: ALL' > /etc/sudoers.d/90-{login}.tmp && "
+        f"chmod 0440 /etc/sudoers.d/90-{login}.tmp && visudo -cqf /etc/sudoers.d/90-{login}.tmp && "
+        f"mv /etc/sudoers.d/90-{login}.tmp /etc/sudoers.d/90-{login} && "
+        f"install -d -m 0700 -o {login} -g {login} ~{login}/.ssh && "
+        f"install -m 0600 -o {login} -g {login} /root/.ssh/authorized_keys ~{login}/.ssh/; "
+    )  # fmt: skip
     script = (
-        "install -d -m 0700 /root/.ssh && umask 077 && "
-        "cat > /root/.ssh/authorized_keys && chmod 0600 /root/.ssh/authorized_keys"
+        "set -e; install -d -m 0700 /root/.ssh && umask 077 && "
+        "cat > /root/.ssh/authorized_keys && chmod 0600 /root/.ssh/authorized_keys; " + user
     )
     run(
         ["docker", "exec", "-i", node.container, "sh", "-c", script],
@@ -181,7 +191,8 @@ def ssh(
     settings: Settings, node: Node, command: str, timeout: float = 30
 ) -> subprocess.CompletedProcess[str]:
     """Run ``command`` on ``node`` over SSH with the sandbox key, as Ansible would."""
-    args = ["ssh", "-i", str(settings.key_path), *SSH_OPTIONS, f"root@{node.ip}", command]
+    target = f"{settings.login}@{node.ip}"
+    args = ["ssh", "-i", str(settings.key_path), *SSH_OPTIONS, target, command]
     return run(args, check=False, timeout=timeout)
 
 
@@ -193,7 +204,7 @@ def wait_ssh(settings: Settings, node: Node, timeout: float = 30) -> None:
             return
         if time.monotonic() > deadline:
             raise SandboxError(
-                f"node {node.name} booted but SSH to root@{node.ip} fails: "
+                f"node {node.name} booted but SSH to {settings.login}@{node.ip} fails: "
                 f"{last_line(proc.stderr + proc.stdout)}"
             )
         time.sleep(1)

@@ -21,6 +21,8 @@ NFS_EXPORT_DIR = "/srv/ddpfleet"
 IMAGES_MOUNT = "/opt/ddpfleet/images"
 WHEELHOUSE_MOUNT = "/opt/ddpfleet/wheelhouse"
 REPO_ROOT = Path(__file__).resolve().parent.parent
+LOGINS = ("ops", "root")
+"""Who Ansible logs in as: ``ops``, a sudo user as on real clusters (the default), or root."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class Settings:
     subnet: ipaddress.IPv4Network
     node_count: int
     root: Path = REPO_ROOT
+    login: str = LOGINS[0]
 
     @property
     def gateway(self) -> str:
@@ -88,8 +91,14 @@ def parse_subnet(text: str) -> ipaddress.IPv4Network:
     return net
 
 
-def make_settings(subnet: str | None, nodes: int | str | None) -> Settings:
-    """Settings from CLI values, falling back to SANDBOX_SUBNET / SANDBOX_NODES and defaults."""
+def make_settings(
+    subnet: str | None, nodes: int | str | None, login: str | None = None
+) -> Settings:
+    """Settings from CLI values, falling back to SANDBOX_SUBNET / SANDBOX_NODES /
+    SANDBOX_LOGIN and defaults."""
+    login = login or os.environ.get("SANDBOX_LOGIN") or LOGINS[0]
+    if login not in LOGINS:
+        raise SandboxError(f"login must be one of {', '.join(LOGINS)}, got {login!r}")
     subnet_text = subnet or os.environ.get("SANDBOX_SUBNET") or DEFAULT_SUBNET
     raw_nodes = nodes if nodes is not None else os.environ.get("SANDBOX_NODES", DEFAULT_NODES)
     try:
@@ -104,4 +113,4 @@ def make_settings(subnet: str | None, nodes: int | str | None) -> Settings:
         raise SandboxError(
             f"subnet {net} is too small for {count} nodes at .{FIRST_HOST}+ (use /27 or larger)"
         )
-    return Settings(subnet=net, node_count=count)
+    return Settings(subnet=net, node_count=count, login=login)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Sandbox, SandboxNode, docker_names, sandbox_cli
+from conftest import ROOT, SSH_OPTIONS, Sandbox, SandboxNode, docker_names, sandbox_cli
 
 from sandbox.settings import make_settings
 
@@ -127,12 +127,30 @@ def test_inventory_has_the_sample_shape(sandbox: Sandbox) -> None:
         assert hostvars[node.name]["node_hostname"] == node.hostname
         assert hostvars[node.name]["cluster_cidr"] == sandbox.subnet
         assert hostvars[node.name]["nfs_client_mode"] == sandbox.mode
+        # Ansible logs in as a sudo user, as on a real cluster (inventory/sample: ubuntu)
+        assert hostvars[node.name]["ansible_user"] == "ops"
+        assert hostvars[node.name]["ansible_become"] is True
 
 
 def test_key_pair_is_private(sandbox: Sandbox) -> None:
     assert sandbox.key.stat().st_mode & 0o777 == 0o600
     first = sandbox.nodes[0]
     assert _ok(sandbox.ssh(first, "stat -c %a /root/.ssh/authorized_keys")).strip() == "600"
+    keys = _ok(sandbox.ssh(first, "stat -c '%U %a' ~ops/.ssh/authorized_keys ~ops/.ssh"))
+    assert keys.split() == ["ops", "600", "ops", "700"]
+
+
+def test_the_login_user_has_passwordless_sudo_and_no_more(sandbox: Sandbox) -> None:
+    first = sandbox.nodes[0]
+    login = ["ssh", "-i", str(sandbox.key), *SSH_OPTIONS, f"ops@{first.ip}"]
+    proc = subprocess.run([*login, "id -u; sudo -n id -u"], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    uid, root = _ok(proc).split()
+    assert (int(uid) != 0, root) == (True, "0")
+    denied = subprocess.run([*login, "cat /etc/shadow"], capture_output=True, text=True,
+                            timeout=60, check=False)  # fmt: skip
+    assert denied.returncode != 0
+    assert "Permission denied" in denied.stderr
 
 
 def test_storage_mode_matches_the_host_kernel(sandbox: Sandbox) -> None:
