@@ -13,7 +13,7 @@ RUN_ID ?= demo
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv host-deps lint format unit check e2e test infra sandbox sandbox-down demo bench bench-decode bench-balance clean
+.PHONY: help venv host-deps lint generate format unit check e2e test infra sandbox sandbox-down demo bench bench-decode bench-balance clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -33,11 +33,15 @@ $(JPEG_LIB): images/trainer/jpegcrop.c $(STAMP)
 
 venv: $(STAMP) $(JPEG_LIB) ## Create or update the pinned environment in .venv (seconds when nothing changed)
 
-lint: $(STAMP) ## ansible-lint (production profile), yamllint, ruff lint + format check
+lint: $(STAMP) ## ansible-lint (production profile), yamllint, ruff lint + format check, generated files current
+	$(BIN)/python tools/gen_options.py --check
 	$(BIN)/yamllint --strict .
 	$(BIN)/ansible-lint --offline --profile production
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+generate: $(STAMP) ## Rewrite the files generated from trainer/options.py (argument_specs, role defaults, sample inventory)
+	$(BIN)/python tools/gen_options.py
 
 format: $(STAMP) ## Apply ruff's formatting and safe fixes
 	$(BIN)/ruff check --fix .
