@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import NoReturn
 
+from trainer.options import OPTIONS, Option, flag_options
+
 CPU_BATCH, CUDA_BATCH = 32, 256  # --batch-size 0: per rank, by the rank's device
 
 
@@ -24,40 +26,24 @@ class BadInputError(Exception):
     """A user-facing input problem: reported as one line on stderr, exit code 2."""
 
 
-@dataclasses.dataclass
-class TrainConfig:
-    """Resolved options; the checkpoint stores ``dataclasses.asdict`` of this."""
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+# The trainer's own flags that no train_* option sets directly: the role works them out.
+_TRAINER_ONLY = {"batch_weights": (str, ""), "output_dir": (str, "output")}
 
-    data_dir: str | None = None
-    synthetic: bool = False
-    synthetic_size: int = 1024
-    num_classes: int = 0
-    image_size: int = 224
-    arch: str = "resnet50"
-    batch_size: int = 0
-    batch_weights: str = ""
-    epochs: int = 1
-    max_steps: int = 0
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    label_smoothing: float = 0.1
-    warmup_epochs: float = 1.0
-    lr_decay: str = "cosine"
-    amp: str = "auto"
-    channels_last: bool = True
-    compile: bool = False
-    workers: int = 4
-    decode: str = "auto"
-    max_bad_samples: int = 10
-    seed: int = 0
-    output_dir: str = "output"
-    checkpoint_every: int = 0
-    keep_checkpoints: int = 2
-    resume: str = "auto"
-    log_every: int = 10
-    dist_timeout: float = 600.0
-    throughput_warmup: int = 3
+
+def _flag_type(option: Option) -> type:
+    return _TYPES[option.flag_type or option.type]
+
+
+# Resolved options (every flag of trainer/options.py's declaration plus the trainer's own);
+# the checkpoint stores ``dataclasses.asdict`` of this.
+TrainConfig = dataclasses.make_dataclass(
+    "TrainConfig",
+    [
+        *((o.dest, _flag_type(o) | None, o.trainer_default) for o in flag_options()),
+        *((name, kind, default) for name, (kind, default) in _TRAINER_ONLY.items()),
+    ],
+)
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -67,131 +53,46 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def _add_flag(group: argparse._ArgumentGroup, option: Option) -> None:
+    """One trainer flag from its declaration: a bool is a switch (store_true when off by
+    default, --x/--no-x when on), a number is parsed as the trainer's type."""
+    text = (option.flag_help or option.help).replace("%", "%%")
+    if option.type == "bool":
+        action = argparse.BooleanOptionalAction if option.default else "store_true"
+        group.add_argument(option.flag, action=action, default=option.default, help=text)
+    elif option.choices:
+        group.add_argument(
+            option.flag, choices=option.choices, default=option.trainer_default, help=text
+        )
+    else:
+        kind = _flag_type(option)
+        group.add_argument(option.flag, type=kind, default=option.trainer_default, help=text)
+
+
 def get_args_parser() -> argparse.ArgumentParser:
-    d = TrainConfig()
+    """The trainer's flags: those of trainer/options.py (each train_* option with a flag, its
+    help and default) and the two the role works out (--batch-weights, --output-dir)."""
     p = _OneLineParser(
         prog="trainer",
         description="Data-parallel image classifier training (ResNet-50 by default).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    src = p.add_argument_group("data")
-    src.add_argument("--data-dir", help="ImageFolder root with train/ and optional val/")
-    src.add_argument("--synthetic", action="store_true", help="generated tensors, no file I/O")
-    src.add_argument(
-        "--synthetic-size",
-        type=int,
-        default=d.synthetic_size,
-        help="training samples per epoch with --synthetic",
-    )
-    src.add_argument(
-        "--num-classes",
-        type=int,
-        default=d.num_classes,
-        help="classes (0: from the data set, 1000 with --synthetic)",
-    )
-    src.add_argument("--image-size", type=int, default=d.image_size)
-    src.add_argument("--workers", type=int, default=d.workers, help="loader processes per rank")
-    src.add_argument(
-        "--decode",
-        choices=["auto", "cpu", "gpu"],
-        default=d.decode,
-        help="JPEG decoding: gpu (nvJPEG, batched, on the rank's GPU), cpu (loader workers); "
-        "auto: gpu on CUDA",
-    )
-    src.add_argument(
-        "--max-bad-samples",
-        type=int,
-        default=d.max_bad_samples,
-        help="unreadable images skipped (logged, counted in summary.json) before the run fails",
-    )
-    opt = p.add_argument_group("optimisation")
-    opt.add_argument("--arch", default=d.arch, help="torchvision model name")
-    opt.add_argument(
-        "--batch-size",
-        type=int,
-        default=d.batch_size,
-        help=f"per rank (0: {CUDA_BATCH} on CUDA, {CPU_BATCH} on the CPU)",
-    )
-    opt.add_argument(
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for option in flag_options():
+        if option.section not in groups:
+            groups[option.section] = p.add_argument_group(option.section.lower())
+        _add_flag(groups[option.section], option)
+    groups["Optimisation"].add_argument(
         "--batch-weights",
-        default=d.batch_weights,
+        default="",
         metavar="W0,W1,...",
         help="one positive weight per global rank: each rank's share of the global batch "
         "(--batch-size x world size, unchanged), for hosts of unequal speed; empty: equal",
     )
-    opt.add_argument("--epochs", type=int, default=d.epochs)
-    opt.add_argument(
-        "--max-steps",
-        type=int,
-        default=d.max_steps,
-        help="stop after this many optimizer steps (0: run all epochs)",
-    )
-    opt.add_argument(
-        "--lr", type=float, default=d.lr, help="base LR for a global batch of 256, scaled linearly"
-    )
-    opt.add_argument("--momentum", type=float, default=d.momentum)
-    opt.add_argument(
-        "--weight-decay",
-        type=float,
-        default=d.weight_decay,
-        help="not applied to BatchNorm weights and biases",
-    )
-    opt.add_argument("--label-smoothing", type=float, default=d.label_smoothing)
-    opt.add_argument(
-        "--warmup-epochs",
-        type=float,
-        default=d.warmup_epochs,
-        help="linear LR warmup (capped at a quarter of the run)",
-    )
-    opt.add_argument(
-        "--lr-decay",
-        choices=["cosine", "step"],
-        default=d.lr_decay,
-        help="after warmup: cosine to 0, or x0.1 at 30/60/80%% of the run",
-    )
-    opt.add_argument("--seed", type=int, default=d.seed)
-    spd = p.add_argument_group("speed")
-    spd.add_argument("--amp", choices=["auto", "bf16", "fp16", "off"], default=d.amp)
-    spd.add_argument(
-        "--channels-last", action=argparse.BooleanOptionalAction, default=d.channels_last
-    )
-    spd.add_argument("--compile", action="store_true", help="torch.compile the model")
-    spd.add_argument(
-        "--throughput-warmup",
-        type=int,
-        default=d.throughput_warmup,
-        help="first steps left out of the summary's images_per_sec",
-    )
-    out = p.add_argument_group("output and fault tolerance")
-    out.add_argument("--output-dir", default=d.output_dir)
-    out.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=d.checkpoint_every,
-        help="steps between checkpoints (0: only at the end and on stop)",
-    )
-    out.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
-    out.add_argument(
-        "--resume",
-        default=d.resume,
-        metavar="{auto,never,archive,PATH}",
-        help="auto: the newest readable checkpoint in --output-dir; never: start over (refused "
-        "when --output-dir has checkpoints); archive: move its checkpoints, metrics and "
-        "summary to archive/<time>/ and start over; or a checkpoint file",
-    )
-    out.add_argument("--log-every", type=int, default=d.log_every, help="steps per metrics row")
-    out.add_argument(
-        "--dist-timeout",
-        type=float,
-        default=d.dist_timeout,
-        help="process-group timeout in seconds",
+    groups["Checkpoints and fault tolerance"].add_argument(
+        "--output-dir", default="output", help="where checkpoints, metrics and logs go"
     )
     return p
-
-
-_POSITIVE = ("image_size", "epochs", "log_every", "keep_checkpoints")
-_NON_NEGATIVE = ("max_steps", "checkpoint_every", "workers", "throughput_warmup", "batch_size")
-_NON_NEGATIVE += ("max_bad_samples",)
 
 
 def _check_finite(cfg: TrainConfig) -> None:
@@ -206,15 +107,16 @@ def _check_finite(cfg: TrainConfig) -> None:
 def validate(cfg: TrainConfig) -> None:
     """Raise BadInputError for options that cannot work; touches the file system read-only."""
     _check_finite(cfg)
-    for name in _POSITIVE:
-        if getattr(cfg, name) < 1:
-            raise BadInputError(f"--{name.replace('_', '-')} must be at least 1")
-    for name in _NON_NEGATIVE:
-        if getattr(cfg, name) < 0:
-            raise BadInputError(f"--{name.replace('_', '-')} must not be negative")
-    if cfg.lr <= 0 or cfg.dist_timeout <= 0:
-        raise BadInputError("--lr and --dist-timeout must be positive")
-    if cfg.num_classes == 1 or cfg.num_classes < 0:
+    for option in flag_options():
+        value = getattr(cfg, option.dest)
+        if option.min is None or option.dest == "num_classes":
+            continue
+        if value < option.min:
+            low = "not be negative" if option.min == 0 else f"be at least {option.min}"
+            raise BadInputError(f"{option.flag} must {low}")
+        if value > option.max:  # type: ignore[operator]
+            raise BadInputError(f"{option.flag} must be at most {option.max}")
+    if cfg.num_classes == 1 or not 0 <= cfg.num_classes <= OPTIONS["train_num_classes"].max:
         raise BadInputError("--num-classes must be at least 2 (or 0: from the data set)")
     if cfg.synthetic == bool(cfg.data_dir):
         raise BadInputError("give exactly one of --data-dir DIR or --synthetic")
