@@ -1,5 +1,6 @@
-"""Unit tests of roles/trainer_run/filter_plugins/ddpfleet_balance_filters.py: train_balance
-and train_cpus checks, the doctor's figures for a run, and the trainer's --batch-weights."""
+"""Unit tests of roles/trainer_run/filter_plugins/ddpfleet_balance_filters.py (train_balance's
+mode, the doctor's figures for a run, the trainer's --batch-weights) and of the train_balance and
+train_cpus checks of roles/trainer_run/action_plugins/ddpfleet_run_validate.py."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from plugin_loader import load_plugin
 
 balance = load_plugin(
     "ddpfleet_balance_filters", "roles/trainer_run/filter_plugins/ddpfleet_balance_filters.py"
+)
+validate = load_plugin(
+    "ddpfleet_run_validate", "roles/trainer_run/action_plugins/ddpfleet_run_validate.py"
 )
 HOSTS = ["node1", "node2", "node3"]
 MODEL = {"arch": "resnet18", "image_size": 64, "batch_size": 16, "amp": "auto"}
@@ -26,8 +30,8 @@ def test_balance_modes(value, mode):
 
 
 def test_a_full_map_of_positive_weights_is_accepted():
-    assert balance.balance_problems({"node1": 3, "node2": "2.5", "node3": 1}, HOSTS) == []
-    assert balance.balance_problems("auto", HOSTS) == []
+    assert validate.balance_problems({"node1": 3, "node2": "2.5", "node3": 1}, HOSTS) == []
+    assert validate.balance_problems("auto", HOSTS) == []
 
 
 @pytest.mark.parametrize(
@@ -52,20 +56,22 @@ def test_a_full_map_of_positive_weights_is_accepted():
     ],
 )
 def test_bad_balance_is_refused_in_words(value, problem):
-    problems = balance.balance_problems(value, HOSTS)
+    problems = validate.balance_problems(value, HOSTS)
     assert len(problems) == 1
     assert problem in problems[0]
 
 
 def test_cpus_checks_each_trainer():
     hostvars = {"node1": {}, "node2": {"train_cpus": 0.5}, "node3": {"train_cpus": "inf"}}
-    assert balance.cpus_problems(hostvars, HOSTS) == [
-        "train_cpus of node3 must be a finite number >= 0 (got 'inf')"
+    assert validate.cpus_problems(hostvars, HOSTS) == [
+        "train_cpus of node3 must be a finite number from 0 to 4096 (got 'inf')"
     ]
     hostvars["node3"] = {"train_cpus": -1}
-    assert balance.cpus_problems(hostvars, HOSTS)[0].startswith("train_cpus of node3 must be")
+    assert validate.cpus_problems(hostvars, HOSTS)[0].startswith("train_cpus of node3 must be")
+    hostvars["node3"] = {"train_cpus": 5000}
+    assert validate.cpus_problems(hostvars, HOSTS)[0].startswith("train_cpus of node3 must be")
     hostvars["node3"] = {"train_cpus": 3}
-    assert balance.cpus_problems(hostvars, HOSTS) == []
+    assert validate.cpus_problems(hostvars, HOSTS) == []
 
 
 def _record(path, speeds, **model):

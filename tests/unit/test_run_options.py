@@ -1,10 +1,11 @@
-"""Every train_* option is declared once, in roles/trainer_run/meta/argument_specs.yml (type,
-choices, default, description). Checked against it: the role's defaults, the sample inventory
-(values and comments), the numeric minimums of the validation, and the trainer's own flags."""
+"""Every train_* option is declared once, in trainer/options.py. Checked here: the declaration
+itself (types, ranges, choices, defaults), the files generated from it are current and read back
+as declared, and every option refuses bad values in one line naming it (never a traceback)."""
 
 from __future__ import annotations
 
-import re
+import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,103 +13,89 @@ import yaml
 from plugin_loader import load_plugin
 
 from trainer.config import get_args_parser
+from trainer.options import OPTIONS, problem
 
 ROOT = Path(__file__).resolve().parents[2]
-ROLE = ROOT / "roles" / "trainer_run"
-DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
-ROLE_VARS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
-ALL_SPECS = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]
-SPECS = {k: v for k, v in ALL_SPECS["main"]["options"].items() if k.startswith("train_")}
-SAMPLE = ROOT / "inventory" / "sample" / "group_vars" / "all" / "train.yml"
-TRAINER_FLAGS = {a.dest: a for a in get_args_parser()._actions if a.dest != "help"}
-TYPES = {
-    "int": int,
-    "float": float,
-    "str": str,
-    "bool": bool,
-    "dict": dict,
-    "list": list,
-    "raw": object,
-}
+gen = load_plugin("gen_options", "tools/gen_options.py")
+validate = load_plugin(
+    "ddpfleet_run_validate", "roles/trainer_run/action_plugins/ddpfleet_run_validate.py"
+)
+NUMERIC = sorted(n for n, o in OPTIONS.items() if o.type in ("int", "float"))
+HOSTS = ["node1", "node2"]
+# 0, -1, huge, non-finite and wrong types: each refused in one line or accepted, for every option
+PROBES = [0, -1, 1e18, 10**400, math.nan, math.inf, -math.inf, "1e999", {}, {"a": 1}, "abc", [],
+          ["x"], None, True, "", " ", "a\nb"]  # fmt: skip
 
 
-def _sample() -> dict[str, tuple[object, str]]:
-    """{name: (value, the comment above it)} from the sample's `# train_x: value` lines; an
-    option right below another one shares that one's comment."""
-    found: dict[str, tuple[object, str]] = {}
-    comment: list[str] = []
-    for line in SAMPLE.read_text().splitlines():
-        m = re.match(r"^# (train_\w+): (.*)$", line)
-        if m:
-            text = " ".join(comment) or (list(found.values())[-1][1] if found else "")
-            found[m.group(1)] = (yaml.safe_load(m.group(2)), text)
-            comment = []
-        elif line.startswith("# ") and not line.startswith("# ---"):
-            comment.append(line[2:].strip())
-        else:
-            comment = []
-    return found
+def test_generated_files_are_current():
+    assert gen.stale() == [], "run make generate"
 
 
-SAMPLE_OPTIONS = _sample()
+def test_a_stale_generated_file_is_found(tmp_path):
+    for path in gen.FILES:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / path, tmp_path / path)
+    (tmp_path / gen.DEFAULTS).write_text("---\ntrain_epochs: 2\n")
+    assert gen.stale(tmp_path) == [gen.DEFAULTS]
 
 
-def test_the_typo_guard_reads_the_declarations():
-    """vars/main.yml derives _trainer_run_options from meta/argument_specs.yml, not a copy."""
-    assert "argument_specs.yml" in ROLE_VARS["_trainer_run_specs"]
-    assert "_trainer_run_specs" in ROLE_VARS["_trainer_run_options"]
+def test_role_defaults_read_back_as_declared():
+    defaults = yaml.safe_load((ROOT / gen.DEFAULTS).read_text())
+    assert defaults == {name: o.default for name, o in OPTIONS.items()}
 
 
-def test_every_option_is_declared_with_a_type_and_a_description():
-    for name, spec in SPECS.items():
-        assert spec["type"] in TYPES, name
-        assert spec["description"], name
+def test_sample_inventory_reads_back_as_declared():
+    lines = (ROOT / gen.SAMPLE).read_text().splitlines()
+    sample = yaml.safe_load("\n".join(line[2:] for line in lines if line.startswith("# train_")))
+    assert sample == {name: o.default for name, o in OPTIONS.items()}
 
 
-def test_defaults_are_the_declared_defaults():
-    assert {name: spec["default"] for name, spec in SPECS.items()} == DEFAULTS
-    for name, spec in SPECS.items():
-        assert isinstance(DEFAULTS[name], TYPES[spec["type"]]), name
+def test_argument_specs_read_back_as_declared():
+    specs = yaml.safe_load((ROOT / gen.SPECS).read_text())["argument_specs"]["main"]["options"]
+    declared = {n: (o.type, o.default, list(o.choices)) for n, o in OPTIONS.items()}
+    read = {
+        n: (s["type"], s["default"], s.get("choices", []))
+        for n, s in specs.items()
+        if n != "run_id"
+    }
+    assert read == declared
 
 
-def test_the_defaults_pass_the_role_s_own_checks():
-    filters = load_plugin(
-        "ddpfleet_run_filters", "roles/trainer_run/filter_plugins/ddpfleet_run_filters.py"
+@pytest.mark.parametrize("name", NUMERIC)
+def test_every_numeric_option_has_a_range_around_its_default(name):
+    option = OPTIONS[name]
+    assert option.min is not None
+    assert option.max is not None
+    assert option.min <= option.default <= option.max
+
+
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_the_default_passes_its_own_declaration(name):
+    assert problem(name, OPTIONS[name].default) == ""
+    assert OPTIONS[name].help
+
+
+@pytest.mark.parametrize("name", sorted(n for n, o in OPTIONS.items() if o.flag))
+def test_the_trainer_reads_its_flag_from_the_declaration(name):
+    option = OPTIONS[name]
+    action = next(a for a in get_args_parser()._actions if option.flag in a.option_strings)
+    assert action.default == option.trainer_default
+    assert list(action.choices or []) == list(option.choices)
+
+
+def test_a_huge_timeout_is_refused_in_one_line():
+    assert problem("train_peer_timeout", 1e10) == (
+        "train_peer_timeout must be a whole number from 5 to 604800 (got 10000000000.0)"
     )
-    assert filters.bad_options(DEFAULTS, SPECS, ROLE_VARS["_trainer_run_minimums"]) == []
 
 
-def test_declared_choices_include_the_default():
-    for name, spec in SPECS.items():
-        if "choices" in spec:
-            assert spec["default"] in spec["choices"], name
-
-
-def test_sample_inventory_documents_every_option_with_its_default():
-    assert {k: v for k, (v, _) in SAMPLE_OPTIONS.items()} == DEFAULTS
-
-
-@pytest.mark.parametrize("name", sorted(SPECS))
-def test_sample_inventory_comment_is_the_declared_description(name):
-    described = " ".join(str(SPECS[name]["description"]).split())
-    assert SAMPLE_OPTIONS[name][1] == described
-
-
-@pytest.mark.parametrize("name", sorted(ROLE_VARS["_trainer_run_minimums"]))
-def test_numeric_minimums_refer_to_numeric_options(name):
-    assert SPECS[name]["type"] in ("int", "float")
-    assert DEFAULTS[name] >= ROLE_VARS["_trainer_run_minimums"][name]
-
-
-def test_every_trainer_flag_has_an_option_and_the_role_passes_it():
-    """python -m trainer --<x> is train_<x> (but --output-dir: the run directory, and
-    --batch-weights: one weight per rank, which the role works out from train_balance)."""
-    passed = set(ROLE_VARS["_trainer_run_trainer_options"])
-    assert passed == set(TRAINER_FLAGS)
-    derived = {"output_dir", "batch_weights"}
-    assert {f"train_{d}" for d in TRAINER_FLAGS if d not in derived} <= set(SPECS)
-
-
-@pytest.mark.parametrize("dest", sorted(d for d, a in TRAINER_FLAGS.items() if a.choices))
-def test_declared_choices_are_the_trainers(dest):
-    assert SPECS[f"train_{dest}"]["choices"] == list(TRAINER_FLAGS[dest].choices)
+@pytest.mark.parametrize("value", PROBES, ids=repr)
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_every_option_refuses_a_bad_value_in_one_line_or_accepts_it(name, value):
+    """Through the whole validation (the rules across options run on accepted values)."""
+    variables = {"run_id": "r1", "shared_mount": "/mnt/ddpfleet", "train_synthetic": True,
+                 name: value}  # fmt: skip
+    hostvars = {h: {} for h in HOSTS}
+    found = validate.first_problem(variables, HOSTS, HOSTS, hostvars)
+    assert "\n" not in found
+    assert found == "" or name in found, found

@@ -1,12 +1,16 @@
-"""train.yml with a user's program (train_program, train_code_dir): a missing or badly named
-program is refused in one line before any host is contacted (the sample's hosts do not exist)."""
+"""train_program and train_code_dir (a user's program instead of ddpfleet's trainer): a missing
+or badly named program is refused in one line on the controller (ddpfleet_run_validate)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from test_run_validate import train
+from plugin_loader import load_plugin
+
+validate = load_plugin(
+    "ddpfleet_run_validate", "roles/trainer_run/action_plugins/ddpfleet_run_validate.py"
+)
 
 
 @pytest.fixture
@@ -18,13 +22,6 @@ def code_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def refused(extra: dict, line: str) -> None:
-    proc = train({"run_id": "r1", **extra})
-    assert proc.returncode != 0
-    assert line in proc.stdout, proc.stdout[-2000:]
-    assert "UNREACHABLE" not in proc.stdout
-
-
 @pytest.mark.parametrize(
     ("program", "looked"),
     [
@@ -33,54 +30,44 @@ def refused(extra: dict, line: str) -> None:
     ],
 )
 def test_a_program_missing_from_the_code_dir_is_refused(code_dir, program, looked) -> None:
-    refused(
-        {"train_program": program, "train_code_dir": str(code_dir)},
-        f"train_program {program} is not in train_code_dir "
-        f"(looked for {looked.format(d=code_dir)})",
+    assert validate.program_problem(program, f"{code_dir}/") == (
+        f"train_program {program} is not in train_code_dir (looked for {looked.format(d=code_dir)})"
     )
 
 
 @pytest.mark.parametrize(
-    "program", ["bad name", "-m x", "../escape.py", "a..b", "pkg.", "2fast.train"]
+    "program", ["bad name", "-m x", "../escape.py", "a..b", "pkg.", "2fast.train", "a\nb.py"]
 )
 def test_a_badly_named_program_is_refused(code_dir, program) -> None:
-    refused(
-        {"train_program": program, "train_code_dir": str(code_dir)},
-        f'invalid train_program "{program}": give a Python module (pkg.train) or a script',
+    assert validate.program_problem(program, str(code_dir)).startswith(
+        f'invalid train_program "{program}": give a Python module (pkg.train) or a script'.replace(
+            "\n", "\\n"
+        )
     )
 
 
 def test_a_missing_code_dir_is_refused(tmp_path) -> None:
-    refused(
-        {"train_program": "train.py", "train_code_dir": str(tmp_path / "nope")},
-        f"train_code_dir {tmp_path / 'nope'} is not a directory on the controller",
+    assert validate.program_problem("train.py", str(tmp_path / "nope")) == (
+        f"train_code_dir {tmp_path / 'nope'} is not a directory on the controller"
     )
 
 
 def test_a_code_dir_without_a_program_is_refused(code_dir) -> None:
-    refused(
-        {"train_code_dir": str(code_dir), "train_synthetic": True},
-        "is set but train_program is not",
-    )
+    assert "is set but train_program is not" in validate.program_problem("", str(code_dir))
 
 
 def test_a_relative_script_without_a_code_dir_is_refused() -> None:
-    refused({"train_program": "train.py"}, "a script in the image needs an absolute path")
-
-
-def test_program_args_must_be_a_list() -> None:
-    refused(
-        {"train_program": "pkg.run", "train_program_args": "--epochs 3"},
-        "train_program_args must be a list of strings",
+    assert "a script in the image needs an absolute path" in validate.program_problem(
+        "train.py", ""
     )
 
 
-@pytest.mark.parametrize("program", ["train.py", "pkg.run"])
-def test_a_program_in_the_code_dir_passes_without_data_options(code_dir, program) -> None:
-    # no train_data_dir/train_synthetic: the program takes its data from its own arguments.
-    # Past validation the play contacts the (nonexistent) sample hosts: unreachable.
-    proc = train({"run_id": "r1", "train_program": program, "train_code_dir": str(code_dir),
-                  "train_program_args": ["--epochs", 3], "ansible_ssh_timeout": 2})  # fmt: skip
-    assert "UNREACHABLE" in proc.stdout, proc.stdout[-2000:]
-    assert "train_program" not in proc.stdout
-    assert "train_data_dir" not in proc.stdout
+def test_an_absolute_script_in_a_code_dir_is_refused(code_dir) -> None:
+    found = validate.program_problem(f"{code_dir}/train.py", str(code_dir))
+    assert found.endswith("a script in train_code_dir needs a path relative to it")
+
+
+@pytest.mark.parametrize(("program", "code"), [("/opt/t.py", False), ("pkg.mod", False),
+                                               ("train.py", True), ("pkg.run", True)])  # fmt: skip
+def test_a_program_where_it_will_run_from_passes(code_dir, program, code) -> None:
+    assert validate.program_problem(program, str(code_dir) if code else "") == ""

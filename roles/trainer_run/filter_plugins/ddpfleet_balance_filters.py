@@ -1,73 +1,19 @@
-"""Filters of the trainer_run role for unequal hosts: train_balance and train_cpus checks, the
-doctor's throughput for this run's model, and the trainer's per-rank --batch-weights."""
+"""Filters of the trainer_run role for unequal hosts: train_balance's mode, the doctor's
+throughput for this run's model, and the trainer's per-rank --batch-weights (the checks of
+train_balance and train_cpus are the ddpfleet_run_validate action's)."""
 
 from __future__ import annotations
 
 import base64
 import json
-import math
+import sys
+from pathlib import Path
 
 from ansible.errors import AnsibleFilterError
 
-OFF, AUTO = "off", "auto"
-
-
-def _number(value: object) -> float | None:
-    """A finite float, or None (bools, strings that are no number, nan, inf)."""
-    if isinstance(value, bool):
-        return None
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
-def balance_mode(balance: object) -> str:
-    """'off', 'auto' or 'map' (a {host: weight} mapping; YAML's bare off is False)."""
-    if balance is False or (isinstance(balance, str) and balance.strip().lower() in ("off", "")):
-        return OFF
-    if isinstance(balance, str) and balance.strip().lower() == AUTO:
-        return AUTO
-    return "map"
-
-
-def balance_problems(balance: object, hosts: list[str]) -> list[str]:
-    """Why train_balance cannot be used with these trainers (empty: it can)."""
-    mode = balance_mode(balance)
-    if mode != "map":
-        return []
-    if not isinstance(balance, dict):
-        what = "off, auto or a mapping of every trainer to a weight"
-        return [f"train_balance must be {what} (got {balance!r})"]
-    problems = []
-    unknown = sorted(str(h) for h in balance if h not in hosts)
-    if unknown:
-        problems.append(f"train_balance names {', '.join(unknown)}, not in the trainers group")
-    missing = [h for h in hosts if h not in balance]
-    if missing:
-        problems.append(
-            f"train_balance gives no weight for {', '.join(missing)} (weigh every trainer)"
-        )
-    for host in hosts:
-        if host in balance and ((w := _number(balance[host])) is None or w <= 0):
-            got = balance[host]
-            problems.append(
-                f"train_balance weight of {host} must be a finite number > 0 (got {got!r})"
-            )
-    return problems
-
-
-def cpus_problems(hostvars: object, hosts: list[str]) -> list[str]:
-    """Each trainer's train_cpus (a Docker CPU quota for its run containers; 0: none) must be a
-    finite number >= 0 (whether the host has that many CPUs, its preflight checks)."""
-    problems = []
-    for host in hosts:
-        value = hostvars[host].get("train_cpus", 0)  # type: ignore[index]
-        cpus = _number(value)
-        if cpus is None or cpus < 0:
-            problems.append(f"train_cpus of {host} must be a finite number >= 0 (got {value!r})")
-    return problems
+sys.path.append(str(Path(__file__).resolve().parents[3]))  # this checkout's trainer package
+from trainer.options import balance_mode
+from trainer.options import finite as _number
 
 
 def _documents(slurped: list[dict]) -> list[dict]:
@@ -125,8 +71,6 @@ class FilterModule:
     def filters(self) -> dict:
         return {
             "ddpfleet_balance_mode": balance_mode,
-            "ddpfleet_balance_problems": balance_problems,
-            "ddpfleet_cpus_problems": cpus_problems,
             "ddpfleet_doctor_speeds": doctor_speeds,
             "ddpfleet_rank_weights": rank_weights,
         }

@@ -1,15 +1,21 @@
-"""Filters of the trainer_run role: option checks (from meta/argument_specs.yml), the
-trainer's command line, peers and ulimits."""
+"""Filters of the trainer_run role: the trainer's options and command line (from the one
+declaration, trainer/options.py), peers and ulimits. The option checks are the
+ddpfleet_run_validate action's."""
 
 from __future__ import annotations
 
-import math
+import sys
+from pathlib import Path
 
 from ansible.errors import AnsibleFilterError
 
-# Trainer flags that are switches: store_true (present or absent) or BooleanOptionalAction.
-STORE_TRUE = frozenset({"synthetic", "compile"})
-BOOLEAN_OPTIONAL = frozenset({"channels_last"})
+sys.path.append(str(Path(__file__).resolve().parents[3]))  # this checkout's trainer package
+from trainer.options import as_bool, flag_options
+
+# Trainer flags that are switches: store_true (off by default: present or absent) or
+# BooleanOptionalAction (on by default: --x or --no-x), as the trainer's parser builds them.
+STORE_TRUE = frozenset(o.dest for o in flag_options() if o.type == "bool" and not o.default)
+BOOLEAN_OPTIONAL = frozenset(o.dest for o in flag_options() if o.type == "bool" and o.default)
 
 
 def _flag(name: str) -> str:
@@ -17,15 +23,17 @@ def _flag(name: str) -> str:
 
 
 def _truthy(value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "yes", "on", "1"):
-        return True
-    if isinstance(value, str) and value.strip().lower() in ("false", "no", "off", "0", ""):
-        return False
-    if isinstance(value, (int, float)):
-        return bool(value)
-    raise AnsibleFilterError(f"not a boolean: {value!r}")
+    try:
+        return as_bool(value)
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
+def trainer_options(values: dict, derived: dict) -> dict:
+    """The trainer's options ({dest: value}) from the train_* values: each option with a
+    trainer flag (train_batch_size -> batch_size), then ``derived`` (what the role works out:
+    data_dir, output_dir, batch_weights) over them."""
+    return {o.dest: values[o.name] for o in flag_options()} | dict(derived)
 
 
 def trainer_args(options: dict) -> list[str]:
@@ -49,47 +57,6 @@ def trainer_args(options: dict) -> list[str]:
             args.append(_flag(name))
             args.append(str(value).lower() if isinstance(value, bool) else str(value))
     return args
-
-
-def bad_options(values: dict, specs: dict, minimums: dict) -> list[str]:
-    """'train_x must be ...' for each value that breaks its argument spec (type, choices), its
-    minimum, or is not a finite number."""
-    problems = []
-    for name, value in sorted(values.items()):
-        spec, low = specs.get(name, {}), minimums.get(name)
-        kind = spec.get("type")
-        if kind in ("int", "float"):
-            try:
-                number = None if isinstance(value, bool) else float(value)
-            except (TypeError, ValueError):
-                number = None
-            # nan, inf and 1e999 pass every comparison with a minimum (an inf timeout would
-            # switch supervision off), and int() of them raises
-            if number is not None and not math.isfinite(number):
-                problems.append(f"{name} must be a finite number (got {value})")
-                continue
-            whole = kind == "float" or (number is not None and number == int(number))
-            if number is None or not whole or (low is not None and number < float(low)):
-                what = "a whole number" if kind == "int" else "a number"
-                bound = f" >= {low}" if low is not None else ""
-                problems.append(f"{name} must be {what}{bound} (got {value!r})")
-        elif kind == "bool":
-            try:
-                _truthy(value)
-            except AnsibleFilterError:
-                problems.append(f"{name} must be true or false (got {value!r})")
-        elif kind == "dict" and not isinstance(value, dict):
-            problems.append(f"{name} must be a mapping (got {value!r})")
-        elif kind == "list" and not (
-            isinstance(value, list)
-            and all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value)
-        ):
-            problems.append(
-                f"{name} must be a list of strings, e.g. ['--epochs', '3'] (got {value!r})"
-            )
-        elif "choices" in spec and value not in spec["choices"]:
-            problems.append(f"{name} must be one of {', '.join(spec['choices'])} (got {value!r})")
-    return problems
 
 
 def peers(hosts: list[str], hostvars: object) -> list[dict]:
@@ -151,7 +118,7 @@ class FilterModule:
     def filters(self) -> dict:
         return {
             "ddpfleet_trainer_args": trainer_args,
-            "ddpfleet_bad_options": bad_options,
+            "ddpfleet_trainer_options": trainer_options,
             "ddpfleet_peers": peers,
             "ddpfleet_ulimits": ulimits,
             "ddpfleet_fabric": fabric,
