@@ -2,7 +2,8 @@
 
 ``python -m trainer.agent --run-dir D --run-id R --host H --node-rank N --hosts h0,h1,...
 --store ADDR:PORT [--peer-timeout S] [--heartbeat-timeout S] [--stop-timeout S]
-[--max-runtime S] [--attempt A] [--log-tail-lines N] -- torchrun ... -m trainer ...``
+[--max-runtime S] [--attempt A] [--log-tail-lines N] [--world-size N] [--straggler-ratio R]
+-- torchrun ... -m trainer ...``
 
 One agent per host. Node rank 0's agent serves a c10d TCPStore at ``--store``; the others
 connect to it. Each agent:
@@ -19,7 +20,10 @@ connect to it. Each agent:
 - on SIGTERM/SIGINT asks every agent through the store to stop: each signals its ranks (which
   checkpoint and exit) and escalates to SIGKILL itself after ``--stop-timeout``;
 - writes ``nodes/<host>.exit``; node rank 0 (or, when it is gone, the hosts that lost it)
-  writes a failure into ``summary.json`` and keeps ``progress.json`` current.
+  writes a failure into ``summary.json`` and keeps ``progress.json`` current; its last
+  ``progress.json`` has the run's ``status`` (completed, stopped or failed, from every host's
+  exit: what train.yml and status.yml read), after ``report.txt`` and ``report.png`` of a
+  completed run (``trainer.agent.report``; ``--straggler-ratio``).
 
 Nothing needs the controller: the run goes on and ends the same way without it.
 """

@@ -32,12 +32,18 @@ class AgentConfig:
     log_tail_lines: int = 20
     program: str = ""  # a user's program: node rank 0 writes summary.json for it at the end
     world_size: int = 0
+    straggler_ratio: float = 0.9
     tick: float = 0.5  # seconds between supervision rounds
     settle: float = 2.0  # seconds to watch the peers before naming the cause of an exit
 
     @property
     def is_server(self) -> bool:
         return self.node_rank == 0
+
+    @property
+    def nproc(self) -> int:
+        """Processes per host (global rank // nproc is the node rank); 1 when unknown."""
+        return max(self.world_size // len(self.hosts), 1)
 
     @property
     def store_host_name(self) -> str:
@@ -71,7 +77,18 @@ def _parser() -> argparse.ArgumentParser:
         help="the user program the command runs (not ddpfleet's trainer, which writes its own "
         "summary.json): node rank 0 records status, wall time, exit codes and log tails for it",
     )
-    p.add_argument("--world-size", type=int, default=0, help="recorded with --program")
+    p.add_argument(
+        "--world-size",
+        type=int,
+        default=0,
+        help="recorded with --program; maps ranks to hosts in report.txt",
+    )
+    p.add_argument(
+        "--straggler-ratio",
+        type=float,
+        default=0.9,
+        help="report.txt flags a rank below this fraction of the median img/s",
+    )
     return p
 
 
@@ -94,6 +111,8 @@ def parse_args(argv: list[str]) -> AgentConfig:
     addr, _, port = ns.store.rpartition(":")
     if not addr or not port.isdigit() or not 0 < int(port) < 65536:
         raise BadAgentInput(f"--store must be ADDR:PORT, not {ns.store!r}")
+    if not 0 <= ns.straggler_ratio <= 1:
+        raise BadAgentInput("--straggler-ratio must be from 0 to 1")
     for name in ("peer_timeout", "heartbeat_timeout", "stop_timeout", "max_runtime"):
         value = getattr(ns, name)
         if not math.isfinite(value) or value < 0 or (value == 0 and name != "max_runtime"):
@@ -115,4 +134,5 @@ def parse_args(argv: list[str]) -> AgentConfig:
         log_tail_lines=max(ns.log_tail_lines, 0),
         program=ns.program,
         world_size=max(ns.world_size, 0),
+        straggler_ratio=ns.straggler_ratio,
     )

@@ -15,10 +15,15 @@ import time
 from pathlib import Path
 
 
-def write_json_atomic(path: Path, obj: object) -> None:
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write through a temp file beside path and os.replace: a reader sees old or new, whole."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, obj: object) -> None:
+    write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
 def read_json(path: Path) -> dict:
@@ -105,9 +110,10 @@ class Records:
     def write_exit(self, record: dict) -> None:
         self.submit(lambda: write_json_atomic(self.nodes / f"{self.host}.exit", record))
 
-    def write_progress(self, progress: dict) -> None:
-        """Queue a progress.json rewrite unless the last one is still waiting for storage."""
-        if self.pending_progress:
+    def write_progress(self, progress: dict, final: bool = False) -> None:
+        """Queue a progress.json rewrite unless the last one is still waiting for storage (the
+        final record, which has the run's status word, is queued all the same)."""
+        if self.pending_progress and not final:
             return
         self.pending_progress = True
 
@@ -121,6 +127,21 @@ class Records:
 
     def summary(self) -> dict:
         return read_json(self.run_dir / "summary.json")
+
+    def progress(self) -> dict:
+        return read_json(self.run_dir / "progress.json")
+
+    def write_report(self, run_id: str, hosts: list[str], nproc: int, ratio: float) -> None:
+        """report.txt and report.png of a completed run (trainer.agent.report), queued after
+        the summary writes and before the final progress.json."""
+        from trainer.agent.report import write_report  # noqa: PLC0415 - report imports this
+
+        def job() -> None:
+            note = write_report(self.run_dir, run_id, hosts, nproc, ratio)
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            self._append(f"ddpfleet agent: {stamp} {self.host}: {note}")
+
+        self.submit(job)
 
     def write_failure(self, run_id: str, attempt: str, failure: dict, tail_count: int) -> None:
         """Mark summary.json failed with the root cause (keeping what the trainer wrote)."""

@@ -13,6 +13,7 @@ from trainer.agent.cli import AgentConfig
 from trainer.agent.peers import Peers, StoreLost, hang_cause
 from trainer.agent.ranks import LocalRanks, rank_views
 from trainer.agent.records import Records, cause_line
+from trainer.agent.report import run_status
 
 EXIT_STOPPED = 143
 PROGRESS_EVERY = 2.0
@@ -239,7 +240,7 @@ class Agent:
         self.last_progress = now
         self.records.write_progress(self._progress_record(now, "running"))
 
-    def _progress_record(self, now: float, state: str) -> dict:
+    def _progress_record(self, now: float, state: str, status: str = "running") -> dict:
         cfg = self.cfg
         views = self.peers.views
         lead = (views.get(0, {}).get("ranks") or [{}])[0]
@@ -262,8 +263,8 @@ class Agent:
             else:
                 hosts[name] = "running"
         return {
-            "run_id": cfg.run_id, "attempt": cfg.attempt, "state": state, "time": now,
-            "step": step, "total_steps": total, "epoch": lead.get("epoch"),
+            "run_id": cfg.run_id, "attempt": cfg.attempt, "state": state, "status": status,
+            "time": now, "step": step, "total_steps": total, "epoch": lead.get("epoch"),
             "phase": lead.get("phase"), "loss": lead.get("loss"),
             "images_per_sec": lead.get("images_per_sec"), "eta_sec": eta, "hosts": hosts,
             "elapsed_sec": round(now - self.ranks.started, 1) if self.ranks.started else 0.0,
@@ -295,13 +296,24 @@ class Agent:
         if cfg.is_server and cfg.program:
             self._write_program_summary(outcome, exit_rec)
         if cfg.is_server:
-            self.records.write_progress(self._progress_record(time.time(), "ended"))
+            self._write_end(outcome)
         if not self.records.flush(30.0):
             print(
                 "ddpfleet agent: shared storage did not take the last records within 30 s",
                 flush=True,
             )
         return code if outcome != "stopped" else EXIT_STOPPED
+
+    def _write_end(self, outcome: str) -> None:
+        """Node rank 0: the run's status word from every host's exit it heard of, the report of
+        a completed run, then the final progress.json (what the follower waits for)."""
+        cfg = self.cfg
+        outcomes = {cfg.hosts[n]: rec.get("outcome") for n, rec in self.peers.exits.items()}
+        status = run_status(cfg.hosts, {**outcomes, cfg.host: outcome}, self.failure is not None)
+        if status == "completed":
+            self.records.write_report(cfg.run_id, cfg.hosts, cfg.nproc, cfg.straggler_ratio)
+        record = self._progress_record(time.time(), "ended", status)
+        self.records.write_progress(record, final=True)
 
     def _write_summary(self, outcome: str) -> None:
         cfg = self.cfg
@@ -313,7 +325,8 @@ class Agent:
             elif not self.store_ok:
                 # The store's host is gone or this host is cut off: write the cause only if
                 # node rank 0 did not (it may still be there and have seen better).
-                time.sleep(cfg.settle * 2)
+                before = self.records.progress()
+                time.sleep(max(cfg.settle * 2, 3 * PROGRESS_EVERY))
                 self.records.flush(10.0)
                 if (
                     self.records.summary().get("attempt") != cfg.attempt
@@ -322,8 +335,21 @@ class Agent:
                     self.records.write_failure(
                         cfg.run_id, cfg.attempt, self.failure, cfg.log_tail_lines
                     )
+                self._stand_in_for_rank0(before)
         elif outcome == "stopped" and cfg.is_server and self.escalated:
             self.records.write_stopped(cfg.attempt)
+
+    def _stand_in_for_rank0(self, before: dict) -> None:
+        """progress.json unchanged while node rank 0's agent would have rewritten it (every
+        PROGRESS_EVERY s): that agent is gone, so say in its place that the run failed (a cut
+        off host sees it change and leaves it to node rank 0)."""
+        cfg = self.cfg
+        now = self.records.progress()
+        if now != before or (now.get("attempt") == cfg.attempt and now.get("state") == "ended"):
+            return
+        record = {**now, "run_id": cfg.run_id, "attempt": cfg.attempt, "state": "ended",
+                  "status": "failed", "time": time.time()}  # fmt: skip
+        self.records.write_progress(record, final=True)
 
     def _write_program_summary(self, outcome: str, mine: dict) -> None:
         cfg = self.cfg

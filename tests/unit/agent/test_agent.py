@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -10,19 +11,30 @@ import sys
 import time
 
 from trainer.agent.cli import BadAgentInput, parse_args
+from trainer.agent.report import report_lines
 
 
-def test_completed_run_records_every_host(cluster):
+def test_completed_run_records_every_host_and_writes_the_report(cluster):
     c = cluster(3)
+    # what trainer rank 0 leaves behind (the fake ranks write nothing)
+    summary = {"status": "completed", "world_size": 3, "per_rank_images_per_sec": [9, 9, 4]}
+    (c.run_dir / "summary.json").write_text(json.dumps(summary))
+    (c.run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.0}\n')
     c.start({0: "run:2", 1: "run:2", 2: "run:2"})
     assert c.wait() == [0, 0, 0], c.output()
     for host in c.hosts:
         rec = c.json(f"nodes/{host}.exit")
         assert (rec["outcome"], rec["exit_code"], rec["attempt"]) == ("completed", 0, "a1")
     progress = c.json("progress.json")
-    assert progress["state"] == "ended"
+    assert (progress["state"], progress["status"]) == ("ended", "completed")
     assert progress["hosts"] == {h: "exited" for h in c.hosts}
-    assert "node_rank 0 of 3" in (c.run_dir / "nodes" / "h0.log").read_text()
+    log = (c.run_dir / "nodes" / "h0.log").read_text()
+    assert "node_rank 0 of 3" in log
+    assert "report.txt and report.png written" in log
+    table = (c.run_dir / "report.txt").read_text().splitlines()
+    assert table == report_lines(summary, 0.9, c.hosts, 1)
+    assert "STRAGGLER" in table[3]
+    assert (c.run_dir / "report.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_a_late_host_is_waited_for_after_a_completed_run(cluster):
@@ -54,6 +66,10 @@ def test_failed_rank_ends_every_host_and_names_it(cluster):
     assert summary["failure"]["exit_code"] == 3
     assert summary["cause"].startswith("run t1 failed: host h1 rank 1: rank 1 exited with code 3")
     assert c.json("nodes/h0.exit")["outcome"] == "failed"
+    assert (c.json("progress.json")["state"], c.json("progress.json")["status"]) == (
+        "ended", "failed",
+    )  # fmt: skip
+    assert not (c.run_dir / "report.txt").exists()
 
 
 def test_dead_host_is_named_by_the_others(cluster):
@@ -68,6 +84,7 @@ def test_dead_host_is_named_by_the_others(cluster):
     failure = c.json("summary.json")["failure"]
     assert failure["host"] == "h1", failure
     assert "keepalive" in failure["reason"]
+    assert c.json("progress.json")["status"] == "failed"  # no exit record of h1 needed
 
 
 def test_frozen_rank_is_named_not_its_peers(cluster):
@@ -125,6 +142,7 @@ def test_sigterm_to_one_agent_stops_every_host(cluster):
     c.procs[1].send_signal(signal.SIGTERM)
     assert c.wait(30) == [143, 143], c.output()
     assert c.json("nodes/h0.exit")["outcome"] == "stopped"
+    assert c.json("progress.json")["status"] == "stopped"
     assert "stop requested by h1" in (c.run_dir / "nodes" / "h0.log").read_text()
 
 
@@ -182,6 +200,8 @@ def test_store_that_stops_answering_counts_as_its_host_failing(cluster):
         t0 = time.monotonic()
         c.procs[1].wait(4 + 20)
         took = time.monotonic() - t0
+        # node rank 0's agent wrote nothing meanwhile: h1 said in its place how the run ended
+        progress = c.json("progress.json")
     finally:
         os.kill(c.procs[0].pid, signal.SIGCONT)
     assert took < 4 + 20
@@ -189,3 +209,31 @@ def test_store_that_stops_answering_counts_as_its_host_failing(cluster):
     assert ended["outcome"] == "failed"
     assert ended["failure"]["host"] == "h0", ended
     assert "no answer from the store" in ended["failure"]["reason"]
+    assert (progress["state"], progress["status"], progress["attempt"]) == ("ended", "failed", "a1")
+
+
+def test_a_host_that_lost_the_store_stands_in_for_node_rank_0_only_when_it_is_gone(tmp_path):
+    """progress.json rewritten meanwhile: node rank 0's agent lives (this host is the one cut
+    off) and will write the status word itself; unchanged: it is gone, this host writes it."""
+    from trainer.agent.supervise import Agent  # noqa: PLC0415 - loads torch
+
+    args = ["--run-dir", str(tmp_path), "--run-id", "t1", "--hosts", "h0,h1", "--host", "h1",
+            "--node-rank", "1", "--store", "127.0.0.1:1", "--attempt", "a1",
+            "--", "true"]  # fmt: skip
+    agent = Agent(parse_args(args))
+    path = tmp_path / "progress.json"
+    path.write_text(
+        json.dumps({"attempt": "a1", "state": "running", "status": "running", "step": 7})
+    )
+    agent._stand_in_for_rank0({"attempt": "a1", "state": "running", "step": 6})
+    assert agent.records.flush(5)
+    assert json.loads(path.read_text())["status"] == "running"
+    agent._stand_in_for_rank0(json.loads(path.read_text()))
+    assert agent.records.flush(5)
+    rec = json.loads(path.read_text())
+    assert (rec["state"], rec["status"], rec["step"], rec["attempt"]) == (
+        "ended",
+        "failed",
+        7,
+        "a1",
+    )

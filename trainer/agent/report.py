@@ -1,0 +1,142 @@
+"""How a run ended: its status word (progress.json's ``status``), and for a completed run
+``report.txt`` (the table train.yml and status.yml show) and ``report.png`` (loss and img/s
+over steps, :mod:`trainer.agent.plot`), written by node rank 0's agent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import statistics
+from pathlib import Path
+
+from trainer.agent.plot import render_png
+from trainer.agent.records import read_json, write_bytes_atomic
+
+METRICS_MAX = 64 << 20  # bytes of metrics.jsonl read for the plot
+
+
+def run_status(hosts: list[str], outcomes: dict[str, str], failed: bool) -> str:
+    """The run's status word from each host's exit outcome: failed once a failure was
+    claimed (its host's agent may have died with it); with every host's outcome known,
+    completed (all), stopped (the others completed) or failed; else unknown."""
+    if failed:
+        return "failed"
+    known = {outcomes.get(h) for h in hosts}
+    if None in known:
+        return "unknown"
+    if known == {"completed"}:
+        return "completed"
+    return "stopped" if known <= {"completed", "stopped"} else "failed"
+
+
+def _num(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def report_lines(
+    summary: dict, ratio: float = 0.9, hosts: list[str] | None = None, nproc: int = 1
+) -> list[str]:
+    """Table of each rank's host, batch share and img/s (a rank below ratio x the median img/s
+    per image of its batch flagged as a straggler: with train_balance a smaller share is no
+    straggler) plus totals, loss, accuracy and wall time."""
+    per_rank = summary.get("per_rank_images_per_sec") or []
+    if isinstance(per_rank, dict):
+        per_rank = [per_rank[k] for k in sorted(per_rank, key=int)]
+    rates = [_num(r) for r in per_rank]
+    batches = [_num(b) for b in summary.get("per_rank_batch") or []]
+    if len(batches) != len(rates) or None in batches or not all(batches):
+        batches = [1.0] * len(rates)  # unknown shares (an older summary): equal
+    paced = [None if r is None else r / b for r, b in zip(rates, batches, strict=True)]
+    known = [p for p in paced if p is not None]
+    median = statistics.median(known) if known else 0.0
+    global_batch = sum(batches)
+    width = max([4, *(len(h) for h in hosts or [])])
+    lines = [f"{'rank':>6}  {'host':<{width}}  {'batch':>11}  {'img/s':>10}  note"]
+    for rank, (rate, pace, batch) in enumerate(zip(rates, paced, batches, strict=True)):
+        node = rank // max(nproc, 1)
+        host = hosts[node] if hosts and node < len(hosts) else "?"
+        share = (
+            f"{batch:g} ({100 * batch / global_batch:.0f}%)" if "per_rank_batch" in summary else "?"
+        )
+        shown = f"{rate:10.1f}" if rate is not None else f"{'?':>10}"
+        slow = pace is not None and pace < ratio * median
+        note = f"STRAGGLER ({pace / median:.2f}x median)" if slow else ""
+        lines.append(f"{rank:>6}  {host:<{width}}  {share:>11}  {shown}  {note}".rstrip())
+    total = _num(summary.get("images_per_sec"))
+    lines.append(f"{'total':>6}  " + (f"{total:10.1f}" if total is not None else f"{'?':>10}"))
+    loss, acc, wall = (
+        _num(summary.get(k)) for k in ("final_loss", "final_accuracy", "wall_time_sec")
+    )
+    lines.append(
+        f"status {summary.get('status', '?')}, steps {summary.get('steps', '?')}, "
+        f"world size {summary.get('world_size', '?')}, "
+        f"final loss {'?' if loss is None else f'{loss:.4f}'}, "
+        f"final accuracy {'?' if acc is None else f'{acc:.4f}'}, "
+        f"wall time {'?' if wall is None else f'{wall:.1f}s'}"
+    )
+    return lines
+
+
+def program_lines(summary: dict, tail: int = 5) -> list[str]:
+    """A user's program (summary.json written by the agents): each host's exit, the wall
+    time, and the last lines of node rank 0's log."""
+    hosts = summary.get("hosts") or {}
+    lines = [f"{'host':<16}  {'exit':>5}  outcome"]
+    for host, rec in hosts.items():
+        code = rec.get("exit_code")
+        lines.append(f"{host:<16}  {'?' if code is None else code:>5}  {rec.get('outcome', '?')}")
+    wall = _num(summary.get("wall_time_sec"))
+    lines.append(
+        f"program {summary.get('program', '?')}: status {summary.get('status', '?')}, "
+        f"world size {summary.get('world_size', '?')}, "
+        f"wall time {'?' if wall is None else f'{wall:.1f}s'}"
+    )
+    first = next(iter(hosts.values()), {})
+    shown = (first.get("log_tail") or [])[-tail:] if tail else []
+    if shown:
+        lines.append(f"last lines of {next(iter(hosts))}'s log:")
+        lines.extend(f"  {line}" for line in shown)
+    return lines
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The rows of metrics.jsonl with a numeric step (torn or foreign lines skipped); [] when
+    it is missing or not a regular file (never a link)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as fh:
+        text = fh.read(METRICS_MAX) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    rows = []
+    for line in text.decode("utf-8", "replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and _num(row.get("step")) is not None:
+            rows.append(row)
+    return rows
+
+
+def write_report(run_dir: Path, run_id: str, hosts: list[str], nproc: int, ratio: float) -> str:
+    """report.txt from summary.json, report.png from metrics.jsonl (none without step rows or
+    Pillow), each through a temp file and os.replace; returns a line for the agent's log."""
+    summary = read_json(run_dir / "summary.json")
+    lines = (
+        program_lines(summary)
+        if "program" in summary
+        else report_lines(summary, ratio, hosts, nproc)
+    )
+    write_bytes_atomic(run_dir / "report.txt", ("\n".join(lines) + "\n").encode())
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    if not rows:
+        return "report.txt written (no metrics rows: no report.png)"
+    try:
+        png = render_png(run_id, rows)
+    except ImportError as exc:
+        return f"report.txt written; report.png not drawn: {exc}"
+    write_bytes_atomic(run_dir / "report.png", png)
+    return "report.txt and report.png written"
