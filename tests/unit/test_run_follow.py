@@ -1,6 +1,7 @@
 """roles/trainer_run/action_plugins/ddpfleet_run_follow.py: the read command (run for real with
-/bin/sh on a run directory), parsing, outcomes, the progress and status lines, and the follow
-loop fed with fake command results."""
+/bin/sh on a run directory), parsing, outcomes (progress.json's status word, which the agents
+write: tests/unit/agent), the progress and status lines, and the follow loop fed with fake
+command results."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def progress(step: int = 40, attempt: str = "a2", **more) -> dict:
         "run_id": "r",
         "attempt": attempt,
         "state": "running",
+        "status": "running",
         "step": step,
         "total_steps": 100,
         "phase": "train",
@@ -55,6 +57,11 @@ def files(exits=(), summary=None, prog=None, attempt="a2") -> dict:
 
 def snap(**kw) -> dict:
     return follow.snapshot(files(**kw), "r", HOSTS, "")
+
+
+def ended(status: str, **more) -> dict:
+    """node rank 0's last progress.json: the run's status word."""
+    return progress(step=2, state="ended", status=status, **more)
 
 
 # --- the read ------------------------------------------------------------------------------
@@ -127,6 +134,7 @@ def test_status_reads_through_become_on_a_node_reached_as_a_sudo_user(open_dir: 
     run_dir = open_dir / "run"
     (run_dir / "nodes").mkdir(parents=True)
     (run_dir / "config.json").write_text('{"run_id": "r", "attempt": "a2"}')
+    (run_dir / "progress.json").write_text(json.dumps(ended("completed")))
     for host in HOSTS:
         (run_dir / "nodes" / f"{host}.exit").write_text(json.dumps(exit_rec(host)))
     task = mock.MagicMock(async_val=0, check_mode=False)
@@ -142,10 +150,12 @@ def test_status_reads_through_become_on_a_node_reached_as_a_sudo_user(open_dir: 
 # --- outcomes ------------------------------------------------------------------------------
 
 
-def test_a_run_is_going_until_every_host_recorded_its_exit():
-    s = snap(exits=[exit_rec("node1"), exit_rec("node2")], prog=progress())
+def test_a_run_is_going_until_progress_json_says_it_ended():
+    """Exit records alone do not end it: node rank 0's agent writes the status word once it
+    knows every host's exit, after summary.json and report.txt."""
+    s = snap(exits=[exit_rec(h) for h in HOSTS], prog=progress())
     assert s["outcome"] is None
-    assert sorted(s["exits"]) == ["node1", "node2"]
+    assert sorted(s["exits"]) == HOSTS
 
 
 def test_progress_line_of_a_program_without_heartbeats_says_how_long_it_runs():
@@ -159,41 +169,17 @@ def test_progress_line_of_a_program_without_heartbeats_says_how_long_it_runs():
 
 
 @pytest.mark.parametrize(
-    ("outcomes", "expected"),
-    [
-        (["completed"] * 3, "completed"),
-        (["stopped"] * 3, "stopped"),
-        (["completed", "stopped", "stopped"], "stopped"),
-        (["failed", "stopped", "stopped"], "failed"),
-    ],
-)
-def test_outcome_from_every_exit_record(outcomes, expected):
-    s = snap(exits=[exit_rec(h, o) for h, o in zip(HOSTS, outcomes, strict=True)])
-    assert s["outcome"] == expected
+    ("status", "expected"),
+    [("completed", "completed"), ("stopped", "stopped"), ("failed", "failed"),
+     ("unknown", None), ("running", None), (None, None)],
+)  # fmt: skip
+def test_outcome_is_progress_json_s_status_word(status, expected):
+    assert snap(prog=ended(status))["outcome"] == expected
 
 
-def test_exit_records_of_an_earlier_attempt_do_not_count():
-    s = snap(exits=[exit_rec(h, attempt="a1") for h in HOSTS], prog=progress(attempt="a1"))
+def test_records_of_an_earlier_attempt_do_not_count():
+    s = snap(exits=[exit_rec(h, attempt="a1") for h in HOSTS], prog=ended("failed", attempt="a1"))
     assert (s["outcome"], s["exits"], s["progress"], s["line"]) == (None, {}, {}, "")
-
-
-def test_a_failure_of_this_attempt_ends_the_run_without_the_failed_hosts_exit_record():
-    """The failed host's agent may have died with its container (docker kill)."""
-    summary = {"status": "failed", "attempt": "a2", "failure": {"host": "node2", "rank": 1}}
-    others = [exit_rec("node1", "failed"), exit_rec("node3", "failed")]
-    assert snap(exits=others, summary=summary)["outcome"] == "failed"
-    assert snap(exits=others[:1], summary=summary)["outcome"] is None
-    stale = {**summary, "attempt": "a1"}
-    assert snap(exits=others, summary=stale)["outcome"] is None
-
-
-def test_recorded_needs_a_failure_of_this_attempt():
-    exits = [exit_rec(h, "failed") for h in HOSTS]
-    assert follow.recorded(snap(exits=exits, summary={"status": "failed", "attempt": "a2"}))
-    assert not follow.recorded(snap(exits=exits, summary={"status": "failed", "attempt": "a1"}))
-    done = [exit_rec(h) for h in HOSTS]
-    assert follow.recorded(snap(exits=done, summary={"status": "completed"}))
-    assert not follow.recorded(snap(exits=done, summary={"status": "failed", "attempt": "a1"}))
 
 
 # --- lines ---------------------------------------------------------------------------------
@@ -225,7 +211,12 @@ def test_duration(sec, text):
     ("containers", "kw", "status"),
     [
         ({"node1": "running", "node2": "", "node3": ""}, {}, "running"),
-        (dict.fromkeys(HOSTS, ""), {"exits": [exit_rec(h) for h in HOSTS]}, "completed"),
+        (dict.fromkeys(HOSTS, ""), {"prog": ended("completed")}, "completed"),
+        (
+            dict.fromkeys(HOSTS, ""),
+            {"prog": ended("unknown"), "summary": {"status": "completed"}},
+            "completed",
+        ),
         (dict.fromkeys(HOSTS, ""), {"summary": {"status": "stopped"}}, "stopped"),
         (dict.fromkeys(HOSTS, ""), {}, "unknown"),
     ],
@@ -321,7 +312,7 @@ def test_follow_prints_a_line_per_step_change_and_returns_the_outcome():
         files(prog=progress(step=1)),
         files(prog=progress(step=1, time=2)),  # same step: no new line
         files(prog=progress(step=2)),
-        files(exits=done, prog=progress(step=2, state="ended"), summary={"status": "completed"}),
+        files(exits=done, prog=ended("completed"), summary={"status": "completed"}),
     ]
     result, shown, commands = run_action(reads, attempt="a2")
     assert result["outcome"] == "completed"
@@ -335,20 +326,13 @@ def test_follow_prints_a_line_per_step_change_and_returns_the_outcome():
     assert all(c == follow.read_command("/runs/r", 2000, 2000) for c in commands)
 
 
-def test_follow_waits_a_moment_for_summary_json():
-    exits = [exit_rec(h, "failed") for h in HOSTS]
+def test_follow_returns_once_progress_json_says_the_run_ended():
+    """No exit record needed (the failed host's agent may have died with its container), and
+    no wait for summary.json: the agents write it before the status word."""
     summary = {"status": "failed", "attempt": "a2", "cause": "run r failed: host node2 rank 1: x"}
-    reads = [files(exits=exits), files(exits=exits), files(exits=exits, summary=summary)]
+    reads = [files(prog=progress(step=2)), files(prog=ended("failed"), summary=summary)]
     result, _, commands = run_action(reads, attempt="a2")
-    assert (result["outcome"], result["summary"], len(commands)) == ("failed", summary, 3)
-
-
-def test_follow_gives_up_waiting_for_summary_json_after_15_s():
-    exits = [exit_rec(h, "failed") for h in HOSTS]
-    stale = {"status": "stopped", "steps": 7}
-    result, _, commands = run_action([files(exits=exits, summary=stale)], attempt="a2")
-    assert (result["outcome"], result["summary"]) == ("failed", stale)
-    assert len(commands) == 4  # reads at 0, 5, 10 and 15 s
+    assert (result["outcome"], result["summary"], len(commands)) == ("failed", summary, 2)
 
 
 def test_follow_reports_agents_that_stopped_reporting():

@@ -3,9 +3,11 @@
 Each poll is one read of config.json, summary.json, progress.json and nodes/*.exit over the
 task's connection (python3 -c, as the storage owner with no supplementary groups, never
 following a link): no module shipped, nothing written, so stopping the controller never
-touches the run. once: a single read, with the run's status word and status.yml's lines
-(containers: {host: docker state or ''}). Returns outcome, summary, exits, progress, config,
-attempt and lines (the progress lines shown).
+touches the run. The run has ended once progress.json's status says so (completed, stopped or
+failed: node rank 0's agent writes it, after summary.json and report.txt). once: a single
+read, with the run's status word and status.yml's lines (containers: {host: docker state or
+''}). Returns outcome, summary, exits, progress, config, attempt and lines (the progress lines
+shown).
 """
 
 from __future__ import annotations
@@ -95,23 +97,11 @@ def parse(out: str) -> dict[str, dict]:
 
 def snapshot(files: dict, run_id: str, hosts: list[str], attempt: str) -> dict:
     """The records of one attempt (config.json's when attempt is empty), its progress line and
-    its outcome: None while it runs; completed, stopped or failed once every host recorded its
-    exit, or failed once summary.json names the failure of this attempt and only the failed
-    host (whose agent may have been killed with it) has no exit record."""
+    its outcome: progress.json's status once it says the run ended, else None."""
     config, summary = files.get("config.json", {}), files.get("summary.json", {})
     attempt = attempt or str(config.get("attempt", ""))
     exits = {h: files.get(f"nodes/{h}.exit") or {} for h in hosts}
     exits = {h: e for h, e in exits.items() if e and e.get("attempt", "") == attempt}
-    outcomes = {e.get("outcome") for e in exits.values()}
-    missing = {h for h in hosts if h not in exits}
-    failed_here = summary.get("status") == "failed" and summary.get("attempt") == attempt
-    outcome = None
-    if missing and failed_here and missing <= {(summary.get("failure") or {}).get("host")}:
-        outcome = "failed"
-    elif not missing:
-        outcome = "completed" if outcomes == {"completed"} else "failed"
-        if outcome == "failed" and outcomes <= {"completed", "stopped"}:
-            outcome = "stopped"
     progress = files.get("progress.json", {})
     progress = progress if progress.get("attempt", "") == attempt else {}
     return {
@@ -119,18 +109,10 @@ def snapshot(files: dict, run_id: str, hosts: list[str], attempt: str) -> dict:
         "config": config,
         "summary": summary,
         "exits": exits,
-        "outcome": outcome,
+        "outcome": progress.get("status") if progress.get("status") in ENDED else None,
         "progress": progress,
         "line": progress_line(run_id, progress, hosts) if progress else "",
     }
-
-
-def recorded(snap: dict) -> bool:
-    """summary.json records the outcome (a failure: of this attempt)."""
-    s, outcome = snap["summary"], snap["outcome"]
-    return s.get("status") == outcome and (
-        outcome != "failed" or s.get("attempt") == snap["attempt"]
-    )
 
 
 def duration(sec: object) -> str:
@@ -170,8 +152,8 @@ def progress_line(run_id: str, p: dict, hosts: list[str]) -> str:
 
 
 def run_status(snap: dict, containers: dict) -> str:
-    """running (a container runs), the recorded outcome, unknown (launched, nothing recorded
-    since) or absent (never launched)."""
+    """running (a container runs), progress.json's status word once the run ended (else
+    summary.json's), unknown (launched, nothing recorded since) or absent (never launched)."""
     if "running" in containers.values():
         return "running"
     status = snap["outcome"] or snap["summary"].get("status")
@@ -196,7 +178,8 @@ def status_lines(run_id: str, status: str, snap: dict, containers: dict) -> list
 
 
 class ActionModule(ActionBase):
-    """Poll the run directory until every host recorded its exit, or the agents fall silent."""
+    """Poll the run directory until progress.json says the run ended, or the agents fall
+    silent."""
 
     TRANSFERS_FILES = False
     _supports_check_mode = True
@@ -215,11 +198,8 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         _, a = self.validate_argument_spec(argument_spec=SPEC)
         run_id, hosts, lines = a["run_id"], a["hosts"], []
-        snap, shown, seen, ended_at, error = None, None, None, None, ""
+        snap, shown, seen, error = None, None, None, ""
         last_change = time.monotonic()
-        # summary.json may follow the last exit record by a moment (another host's agent
-        # writes it when node rank 0's is gone): give it this long.
-        grace = max(15.0, 2 * a["poll_interval"])
         while a["once"] or time.monotonic() - last_change <= a["stale_after"]:
             files, error = self._read(a)
             now = time.monotonic()
@@ -240,8 +220,7 @@ class ActionModule(ActionBase):
                     shown = (p.get("step"), p.get("hosts"), minute)
                 if (p, sorted(snap["exits"])) != seen:
                     seen, last_change = (p, sorted(snap["exits"])), now
-                ended_at = (ended_at or now) if snap["outcome"] else None
-                if snap["outcome"] and (recorded(snap) or now - ended_at >= grace):
+                if snap["outcome"]:
                     return self._done(result, snap, snap["outcome"], lines)
             time.sleep(a["poll_interval"])
         silent = round(time.monotonic() - last_change)
