@@ -24,8 +24,8 @@ from pathlib import Path
 from ansible.plugins.action import ActionBase
 
 # The declaration lives in the trainer package (the image ships it); on the controller it is
-# this checkout's copy, whether or not the venv has the package installed.
-sys.path.append(str(Path(__file__).resolve().parents[3]))
+# this checkout's copy, first on the path: a controller venv may hold another "trainer".
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from trainer.options import OPTIONS, as_bool, balance_mode, finite, problem
 
 # Leading letter or digit: ddpfleet's own files under runs/ start with a dot (.preflight-*).

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ansible.errors import AnsibleFilterError
 
-sys.path.append(str(Path(__file__).resolve().parents[3]))  # this checkout's trainer package
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # this checkout's trainer package
 from trainer.options import balance_mode
 from trainer.options import finite as _number
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ansible.errors import AnsibleFilterError
 
-sys.path.append(str(Path(__file__).resolve().parents[3]))  # this checkout's trainer package
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # this checkout's trainer package
 from trainer.options import as_bool, flag_options
 
 # Trainer flags that are switches: store_true (off by default: present or absent) or
