@@ -139,4 +139,5 @@ def test_frozen_rank_teardown_within_heartbeat_timeout(frozen: dict) -> None:
 def test_no_container_left_after_the_faults(cluster: Any, cut_off: dict, frozen: dict) -> None:
     for rid in (cut_off["rid"], frozen["rid"]):
         assert containers(cluster, rid) == {}
-        assert progress(cluster, rid).get("state") == "ended"
+        ended = progress(cluster, rid)
+        assert (ended.get("state"), ended.get("status")) == ("ended", "failed")
