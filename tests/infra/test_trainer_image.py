@@ -134,3 +134,13 @@ def test_build_context_is_private_and_holds_no_wheelhouse(
     assert (context.user, context.mode) == ("root", 0o750)
     assert not host.file(f"{image['trainer_image_build_dir']}/wheelhouse").exists
     assert host.file(f"{image['trainer_image_build_dir']}/Dockerfile").exists
+
+
+def test_build_context_pins_only_what_the_image_installs(host: Any, image: dict[str, Any]) -> None:
+    """Only the image's own pin lines go in: a change to the controller's requirements (ansible,
+    pytest, ...) must not invalidate the cached torch layer."""
+    if not image["is_builder"]:
+        pytest.skip("only the registry host builds")
+    pins = host.file(f"{image['trainer_image_build_dir']}/requirements.txt").content_string
+    expected = [f"{name}=={pinned(name)}" for name in ("torch", "torchvision", "pillow")]
+    assert pins.split() == expected
