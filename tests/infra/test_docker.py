@@ -62,6 +62,10 @@ def test_docker_modules_python_dependency(host: Any) -> None:
     assert host.run("python3 -c 'import requests'").rc == 0
 
 
+def test_unpigz_is_there_for_dockerd_to_decompress_pulls(host: Any) -> None:
+    assert host.exists("unpigz")
+
+
 def test_no_dockerd_restart_left_pending_without_training(host: Any) -> None:
     """A restart held back under a training run is done by the next site.yml without one."""
     marker = host.file("/etc/ddpfleet/docker-restart-pending")
