@@ -177,7 +177,8 @@ def _loop(
 
 def _validate(run: Run, loader: DataLoader, last: float | None) -> tuple[bool, float | None]:
     """(stopped, accuracy): a stop abandons validation, and the last accuracy stands."""
-    accuracy = evaluate(run, loader)
+    with run.meter.paused():
+        accuracy = evaluate(run, loader)
     if accuracy is None:
         LOG.info("epoch %d validation abandoned: stopping", run.epoch)
         return True, last

@@ -27,3 +27,16 @@ def test_throughput_leaves_out_warmup_steps() -> None:
         time.sleep(0.01)
         meter.step(10)
     assert meter.overall() > 300  # 30 images in ~0.03 s, not 230 in ~0.23 s
+
+
+def test_throughput_leaves_out_paused_time() -> None:
+    meter = Throughput(warmup=1)
+    meter.step(100)  # warm-up: the timed part starts here
+    time.sleep(0.02)
+    meter.step(100)
+    with meter.paused():  # validation between epochs
+        time.sleep(0.3)
+    time.sleep(0.02)
+    meter.step(100)
+    assert meter.overall() > 2000  # 200 images in ~0.04 s, not in ~0.34 s (~590 img/s)
+    assert meter.interval() > 2000
