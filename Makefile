@@ -13,7 +13,7 @@ RUN_ID ?= demo
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv host-deps lint generate format unit check e2e test infra sandbox sandbox-down demo bench bench-decode bench-balance clean
+.PHONY: help venv host-deps lint generate format unit test-gpu check e2e test infra sandbox sandbox-down demo bench bench-decode bench-balance clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -49,6 +49,9 @@ format: $(STAMP) ## Apply ruff's formatting and safe fixes
 
 unit: $(STAMP) $(JPEG_LIB) ## Unit tier: pure Python, filters, trainer on CPU (incl. 2-rank gloo runs)
 	$(BIN)/python -m pytest tests/unit
+
+test-gpu: $(STAMP) ## GPU tier, on a host with an NVIDIA GPU only (not in make test: CI has none)
+	$(BIN)/python -m pytest tests/gpu
 
 check: lint unit ## Fast inner loop: lint + unit tests
 

@@ -249,13 +249,39 @@ def collate_encoded(samples: list[tuple[torch.Tensor, list[int], int]]) -> tuple
     return batch, torch.tensor(labels, dtype=torch.int64)
 
 
+_DECODE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
 def decode_batch(
     batch: EncodedBatch, device: torch.device, size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(uint8 (N, 3, size, size) on ``device``, bool mask of samples that could not be decoded).
 
     The JPEGs are decoded in one nvJPEG batch; if that fails, one by one (a file nvJPEG
-    cannot take is decoded on the CPU instead; only a file nothing can decode is bad)."""
+    cannot take is decoded on the CPU instead; only a file nothing can decode is bad).
+
+    On CUDA all of it runs on a stream of its own that is idle when it starts. nvJPEG writes
+    its output before the work queued on the caller's stream has run, and torch's caching
+    allocator hands it blocks freed on that stream which queued kernels still read
+    (pytorch/vision#9606): on an H100 the loss was NaN by the third step. Blocks freed on the
+    idle decode stream are really free; the caller's stream waits for the result.
+    """
+    if device.type != "cuda":
+        return _decode_batch(batch, device, size)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    side = _DECODE_STREAMS.setdefault(index, torch.cuda.Stream(device))
+    side.synchronize()  # the last batch's decode and resize: its freed blocks are idle now
+    with torch.cuda.stream(side):
+        out, bad = _decode_batch(batch, device, size)
+    caller = torch.cuda.current_stream(device)
+    caller.wait_stream(side)
+    out.record_stream(caller)  # not reused on the decode stream while the model reads it
+    return out, bad
+
+
+def _decode_batch(
+    batch: EncodedBatch, device: torch.device, size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     n = len(batch)
     out = torch.zeros((n, 3, size, size), dtype=torch.uint8, device=device)
     bad = torch.zeros(n, dtype=torch.bool)
