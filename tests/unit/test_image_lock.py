@@ -1,173 +1,32 @@
-"""The registry host's image build lock (roles/trainer_image/files/ddpfleet_image_lock.py),
-run as the program the role runs on the registry host."""
+"""roles/trainer_image's image build lock (host_lock's ddpfleet_lock, the one lock, whose node
+side tests/unit/test_host_lock.py tests): the role around resolve/build/tag, run with
+ansible-playbook on localhost as the registry host."""
 
 from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LOCK = ROOT / "roles" / "trainer_image" / "files" / "ddpfleet_image_lock.py"
+LOCK = ROOT / "roles" / "host_lock" / "files" / "ddpfleet_lock.py"
 RoleRun = tuple[Callable[..., str], Path]
 
 
-def lock(*args: str) -> tuple[int, dict]:
-    proc = subprocess.run(
-        [sys.executable, str(LOCK), *args], capture_output=True, text=True, timeout=60, check=False
-    )
-    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {"err": proc.stderr}
-
-
-def acquire(path: Path, token: str, *extra: str) -> tuple[int, dict]:
-    return lock("acquire", "--path", str(path), "--token", token, "--host", "ctl", "--pid", "42",
-                *extra)  # fmt: skip
-
-
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "state" / "trainer_image.lock"
+def acquire(path: Path, token: str) -> None:
+    argv = ["acquire", "--path", str(path), "--token", token, "--host", "ctl", "--pid", "42"]
+    subprocess.run([sys.executable, str(LOCK), *argv, "--lease", "7200"], check=True,
+                   capture_output=True)  # fmt: skip
 
 
 def holder(path: Path) -> dict:
     return json.loads(path.read_text())
-
-
-def test_a_free_lock_is_taken_with_host_pid_and_time(path: Path) -> None:
-    before = time.time()
-    rc, out = acquire(path, "tok-a")
-    assert (rc, out["acquired"], out["took_over"]) == (0, True, None)
-    held = holder(path)
-    assert (held["host"], held["pid"], held["token"]) == ("ctl", 42, "tok-a")
-    assert before <= held["time"] <= time.time()
-    assert stat.S_IMODE(path.stat().st_mode) == 0o644
-
-
-def test_a_held_lock_is_refused_and_names_its_holder_without_its_token(path: Path) -> None:
-    acquire(path, "tok-a")
-    rc, out = acquire(path, "tok-b")
-    assert rc == 3
-    assert out["holder"]["host"] == "ctl"
-    assert out["holder"]["pid"] == 42
-    assert "token" not in out["holder"]
-    assert holder(path)["token"] == "tok-a"
-
-
-def test_acquiring_again_with_the_own_token_is_a_no_op(path: Path) -> None:
-    acquire(path, "tok-a")
-    assert acquire(path, "tok-a")[0] == 0
-    assert holder(path)["token"] == "tok-a"
-
-
-def test_only_the_holder_releases(path: Path) -> None:
-    acquire(path, "tok-a")
-    rc, out = lock("release", "--path", str(path), "--token", "tok-b")
-    assert (rc, out["released"]) == (0, False)
-    assert path.exists()
-    rc, out = lock("release", "--path", str(path), "--token", "tok-a")
-    assert (rc, out["released"]) == (0, True)
-    assert not path.exists()
-
-
-def test_releasing_a_free_lock_is_fine(path: Path) -> None:
-    assert lock("release", "--path", str(path), "--token", "tok-a") == (
-        0,
-        {"released": False, "holder": None},
-    )
-
-
-def test_a_lock_older_than_stale_after_is_taken_over(path: Path) -> None:
-    acquire(path, "tok-old")
-    old = holder(path)
-    old["time"] -= 3 * 3600
-    path.write_text(json.dumps(old))
-    rc, out = acquire(path, "tok-new", "--stale-after", "7200")
-    assert rc == 0
-    assert out["took_over"]["pid"] == 42
-    assert out["took_over"]["age_s"] >= 3 * 3600
-    assert holder(path)["token"] == "tok-new"
-
-
-def test_a_fresh_lock_is_not_stale(path: Path) -> None:
-    acquire(path, "tok-a")
-    assert acquire(path, "tok-b", "--stale-after", "7200")[0] == 3
-
-
-def test_break_token_takes_over_only_that_lock(path: Path) -> None:
-    acquire(path, "tok-dead")
-    assert acquire(path, "tok-b", "--break-token", "tok-other")[0] == 3
-    rc, _ = acquire(path, "tok-b", "--break-token", "tok-dead")
-    assert rc == 0
-    assert holder(path)["token"] == "tok-b"
-
-
-def test_show_gives_the_holder_and_its_token_to_the_controller(path: Path) -> None:
-    assert lock("show", "--path", str(path)) == (0, {"holder": None})
-    acquire(path, "tok-a")
-    rc, out = lock("show", "--path", str(path))
-    assert rc == 0
-    assert (out["holder"]["host"], out["holder"]["pid"], out["holder"]["token"]) == (
-        "ctl",
-        42,
-        "tok-a",
-    )
-
-
-def test_a_waiter_gets_the_lock_when_the_holder_releases(path: Path) -> None:
-    acquire(path, "tok-a")
-    releaser = threading.Timer(1.0, lock, ("release", "--path", str(path), "--token", "tok-a"))
-    releaser.start()
-    try:
-        rc, out = acquire(path, "tok-b", "--wait", "30", "--poll", "0.2")
-    finally:
-        releaser.join()
-    assert (rc, out["waited"]) == (0, True)
-    assert holder(path)["token"] == "tok-b"
-
-
-def test_a_waiter_gives_up_after_wait(path: Path) -> None:
-    acquire(path, "tok-a")
-    start = time.monotonic()
-    rc, out = acquire(path, "tok-b", "--wait", "1", "--poll", "0.2")
-    assert rc == 3
-    assert 1.0 <= time.monotonic() - start < 20
-    assert out["holder"]["host"] == "ctl"
-
-
-def test_exactly_one_of_many_concurrent_callers_wins(path: Path) -> None:
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        results = list(pool.map(lambda i: acquire(path, f"tok-{i}")[0], range(8)))
-    assert sorted(results) == [0] + [3] * 7
-    assert holder(path)["token"] in {f"tok-{i}" for i in range(8)}
-
-
-@pytest.mark.parametrize(("age_s", "rc"), [(0, 3), (3 * 3600, 0)])
-def test_an_unreadable_lock_counts_as_held_since_it_was_written(
-    path: Path, age_s: int, rc: int
-) -> None:
-    path.parent.mkdir(parents=True)
-    path.write_text("{half a lock")
-    old = time.time() - age_s
-    os.utime(path, (old, old))
-    assert acquire(path, "tok-b", "--stale-after", "7200")[0] == rc
-
-
-def test_an_empty_token_is_bad_usage(path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(LOCK), "release", "--path", str(path), "--token", ""],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 2
-    assert "--token must not be empty" in proc.stderr
 
 
 # --- the role: the lock around resolve/build/tag, released also on failure ---------------
@@ -249,7 +108,7 @@ def test_role_takes_over_a_stale_lock(role_run: RoleRun) -> None:
     run, lock_path = role_run
     lock_path.parent.mkdir(parents=True)
     acquire(lock_path, "tok-old")
-    old = holder(lock_path) | {"host": "other-controller", "time": time.time() - 9000}
+    old = holder(lock_path) | {"host": "other-controller", "expires": time.time() - 1800}
     lock_path.write_text(json.dumps(old))
     out = run(trainer_image_lock_wait=1, trainer_image_lock_stale_after=7200)
     assert "took over the stale build lock of ansible-playbook pid 42 on other-controller" in out
