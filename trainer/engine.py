@@ -55,6 +55,10 @@ def _first_nonfinite(run: Run, bad_step: torch.Tensor) -> int:
 def _log_interval(run: Run, loss_sum: torch.Tensor, count: int, bad_step: torch.Tensor) -> bool:
     """All-reduce the interval's loss, throughput and stop signals; rank 0 writes a row.
 
+    ``count``: the interval's steps that had samples (a zero-weight step adds nothing to the
+    mean loss). When any rank met new unreadable files, the ranks gather them, so that the
+    limit counts each distinct file once (BadSamplesError on every rank alike).
+
     Returns whether the ranks agreed to stop: the stop signal rides on this all-reduce, the
     loop's only collective besides DDP's, so a stop costs nothing between log intervals.
     A non-finite loss sum (the same on every rank) raises NonFiniteError on every rank.
@@ -62,12 +66,12 @@ def _log_interval(run: Run, loss_sum: torch.Tensor, count: int, bad_step: torch.
     rate = run.meter.interval()
     inputs = run.inputs
     assert inputs is not None
-    total_loss, total_count, total_rate, signalled, bad = dist_utils.all_reduce_sum(
-        run.env,
-        [float(loss_sum.item()), float(count), rate, float(run.stop.signum), len(inputs.bad_paths)],
+    new_bad = len(inputs.unshared())
+    total_loss, total_count, total_rate, signalled, new_bad = dist_utils.all_reduce_sum(
+        run.env, [float(loss_sum.item()), float(count), rate, float(run.stop.signum), new_bad]
     )
-    if bad > inputs.max_bad:  # every rank at once: more unreadable samples than allowed
-        inputs.check(int(bad), dist_utils.gather_objects(run.env, inputs.bad_paths))
+    if new_bad:  # the same on every rank: all gather (rarely: only new bad files)
+        inputs.agree(dist_utils.gather_objects(run.env, inputs.unshared()))  # type: ignore[arg-type]
     if not math.isfinite(total_loss):
         step = _first_nonfinite(run, bad_step) or run.step
         raise NonFiniteError(f"loss became non-finite at step {step}", step)
@@ -107,18 +111,21 @@ def train_one_epoch(
 
     Returns (stopped, batches done). The ranks agree on stopping at each log interval (and
     the epoch's last step), in the interval's all-reduce, so all leave at the same step.
+    A batch without a readable sample is a zero-weight step: the forward and backward run,
+    so this rank's gradients (zeros) join DDP's all-reduce like every other rank's.
     """
     cfg, env, beat = run.cfg, run.env, run.heartbeat
     run.model.train()
     beat.progress(phase="train", epoch=run.epoch)
     loss_sum = torch.zeros((), device=env.device)
     bad_step = torch.zeros((), dtype=torch.int64, device=env.device)  # first non-finite loss
-    count = batches = 0
+    count = weighed = batches = 0  # steps in the interval, those of them with samples
     for images, labels in loader:
         beat.progress()
         x, y = run.inputs(images, labels, loader.dataset)  # type: ignore[misc]
         with autocast(env.device, run.amp_dtype):
-            loss = run.criterion(run.model(x), y)
+            out = run.model(x)
+            loss = run.criterion(out, y) if len(y) else out.float().sum() * 0.0
         loss = scaled_loss(loss, run.loss_scale)  # DDP's mean over ranks: the global mean
         run.optimizer.zero_grad(set_to_none=True)
         run.scaler.scale(loss).backward()
@@ -130,16 +137,17 @@ def train_one_epoch(
         loss_sum += loss.detach().float()  # scaled: the ranks' mean is the global batch's
         bad_step.masked_fill_(~torch.isfinite(loss_sum) & (bad_step == 0), run.step)  # no sync
         count += 1
+        weighed += bool(len(y))
         done = run.step >= run.total_steps
         if done and env.device.type == "cuda":
             torch.cuda.synchronize(env.device)  # the last step's time includes its GPU work
         run.meter.step(len(y))
         beat.progress(step=run.step)
         if run.step % cfg.log_every == 0 or done:
-            stopped = _log_interval(run, loss_sum, count, bad_step)
+            stopped = _log_interval(run, loss_sum, weighed, bad_step)
             loss_sum.zero_()
             bad_step.zero_()
-            count = 0
+            count = weighed = 0
             if stopped:
                 return True, batches
         if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0 and not done:
@@ -148,7 +156,7 @@ def train_one_epoch(
             on_checkpoint(batches)
         if done:
             break
-    stopped = bool(count) and _log_interval(run, loss_sum, count, bad_step)  # epoch's last step
+    stopped = bool(count) and _log_interval(run, loss_sum, weighed, bad_step)  # epoch's last
     return stopped, batches
 
 
@@ -168,10 +176,11 @@ def evaluate(run: Run, loader: DataLoader) -> float | None:
     total = 0
     for batch, (images, labels) in enumerate(loader, start=1):
         x, y = run.inputs(images, labels, loader.dataset)  # type: ignore[misc]
-        with autocast(run.env.device, run.amp_dtype):
-            logits = model(x)
-        correct += (logits.argmax(dim=1) == y).sum()
-        total += len(y)
+        if len(y):  # no readable sample: nothing to score (no collective skipped)
+            with autocast(run.env.device, run.amp_dtype):
+                logits = model(x)
+            correct += (logits.argmax(dim=1) == y).sum()
+            total += len(y)
         run.heartbeat.progress()
         if batch % run.cfg.log_every == 0 and stop_agreed(run):
             model.train()

@@ -3,8 +3,14 @@ and normalise (CPU-decoded uint8 batches), and skip unreadable samples.
 
 A bad sample (truncated or corrupt file, unreadable, not an image) comes out of the data set
 with label ``-1 - index``; here it is dropped from the batch, its path logged once and kept.
-Ranks add their counts up at every log interval; more than ``--max-bad-samples`` in all
-fails the run with the paths (BadSamplesError), before that they are counted in summary.json.
+A batch with no readable sample comes back as its placeholder images with no labels: the
+engine still runs the step, with zero weight, so that this rank issues DDP's all-reduce like
+the others (raising here, on one rank, left the other ranks waiting in it).
+
+At a log interval where any rank met new bad files, the ranks gather them (``unshared`` ->
+``agree``): every rank then holds the same set of distinct paths, however many ranks and
+epochs met each file. More than ``--max-bad-samples`` distinct files fail the run on every
+rank at once with the paths (BadSamplesError); before that they are counted in summary.json.
 """
 
 from __future__ import annotations
@@ -43,10 +49,19 @@ class InputPipeline:
         self.channels_last, self.max_bad = channels_last, max_bad
         self.norm = mean_std(device)
         self.bad_paths: list[str] = []  # this rank's, in the order met, each once
+        self.agreed: set[str] = set()  # every rank's, as of the last agree (equal on all)
+        self._shared = 0  # how many of bad_paths the other ranks have seen
+
+    @property
+    def bad_total(self) -> int:
+        """Distinct unreadable files of all ranks, as of the last ``agree``."""
+        return len(self.agreed)
 
     def __call__(
         self, images: torch.Tensor | EncodedBatch, labels: torch.Tensor, dataset: Dataset
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y) of the readable samples; (every placeholder image, no labels) when there are
+        none, for a zero-weight step."""
         bad = labels < 0
         if isinstance(images, EncodedBatch):
             index = images.meta[:, 6]
@@ -56,24 +71,28 @@ class InputPipeline:
         if bool(bad.any()):
             self._record(labels, bad, dataset)
             keep = ~bad
-            if not bool(keep.any()):
-                raise BadSamplesError(
-                    "every sample of a batch is unreadable: " + ", ".join(self.bad_paths[-8:])
-                )
-            images, labels = images[keep.to(images.device)], labels[keep]
+            if bool(keep.any()):
+                images = images[keep.to(images.device)]
+            labels = labels[keep]
         x = to_device(images, self.device, self.channels_last, self.norm)
         return x, labels.to(self.device, non_blocking=True)
 
     def _record(self, labels: torch.Tensor, bad: torch.Tensor, dataset: Dataset) -> None:
         for code in labels[bad].tolist():
             path = sample_path(dataset, -1 - int(code))
-            if path not in self.bad_paths:
+            if path not in self.bad_paths and path not in self.agreed:
                 self.bad_paths.append(path)
                 LOG.warning("skipped unreadable sample %s", path)
 
-    def check(self, total_bad: int, gathered: list[list[str]] | None = None) -> None:
-        """Raise BadSamplesError once the ranks' total is over the limit (every rank at once:
-        ``total_bad`` comes from an all-reduce; ``gathered`` are all ranks' paths)."""
-        if total_bad > self.max_bad:
-            paths = sorted({p for ps in (gathered or [self.bad_paths]) for p in ps})
-            raise BadSamplesError(bad_samples_message(paths, self.max_bad))
+    def unshared(self) -> list[str]:
+        """This rank's bad paths that the ranks have not agreed on yet."""
+        return self.bad_paths[self._shared :]
+
+    def agree(self, gathered: list[list[str]]) -> None:
+        """Take in every rank's ``unshared()`` (an all-gather: every rank calls this with the
+        same lists) and raise BadSamplesError on every rank alike when the distinct paths
+        are more than the limit."""
+        self.agreed.update(p for ps in gathered for p in ps)
+        self._shared = len(self.bad_paths)
+        if len(self.agreed) > self.max_bad:
+            raise BadSamplesError(bad_samples_message(sorted(self.agreed), self.max_bad))

@@ -140,7 +140,8 @@ def test_unreadable_samples_are_skipped_and_named(tmp_path: Path, image_folder, 
     assert len(x) == len(y) == 22
     assert (y >= 0).all()
     assert sorted(pipe.bad_paths) == bad
-    pipe.check(len(pipe.bad_paths))  # 2 <= 5: no error
+    pipe.agree([pipe.unshared()])  # 2 <= 5: no error
+    assert pipe.bad_total == 2
 
 
 def test_too_many_unreadable_samples_fail_naming_them(tmp_path: Path, image_folder) -> None:
@@ -151,18 +152,48 @@ def test_too_many_unreadable_samples_fail_naming_them(tmp_path: Path, image_fold
     pipe(*next(iter(build_loader(train, cfg, 0, 1, pin=False, train=True))), train)
     with pytest.raises(
         BadSamplesError, match="2 unreadable samples, more than --max-bad-samples 1"
-    ):
-        pipe.check(2, [[bad[1]], [bad[0]]])
-    with pytest.raises(BadSamplesError) as err:
-        pipe.check(2, [[bad[1]], [bad[0]]])
+    ) as err:
+        pipe.agree([pipe.unshared()])
     assert all(path in str(err.value) for path in bad)
 
 
-def test_a_batch_of_only_unreadable_samples_fails() -> None:
-    meta = torch.tensor([[0, 0, 0, 8, 8, 0, 3]])
-    batch = EncodedBatch.pack([torch.tensor([255, 216, 255, 0], dtype=torch.uint8)], meta)
-    with pytest.raises(BadSamplesError, match="every sample of a batch is unreadable: sample 3"):
-        InputPipeline(CPU, 8, channels_last=False, max_bad=9)(batch, torch.tensor([1]), [])
+def test_a_batch_of_only_unreadable_samples_comes_back_without_labels() -> None:
+    """Not an error on this rank alone (the others would wait in DDP's all-reduce): the
+    placeholder images come back with no labels, for a zero-weight step; the path counts."""
+    meta = torch.tensor([[0, 0, 0, 8, 8, 0, 3], [0, 0, 0, 8, 8, 0, 5]])
+    junk = torch.tensor([255, 216, 255, 0], dtype=torch.uint8)
+    pipe = InputPipeline(CPU, 8, channels_last=False, max_bad=9)
+    x, y = pipe(EncodedBatch.pack([junk, junk], meta), torch.tensor([1, 2]), [])
+    assert x.shape == (2, 3, 8, 8)
+    assert x.dtype == torch.float32
+    assert y.shape == (0,)
+    assert pipe.bad_paths == ["sample 3", "sample 5"]
+
+
+def test_a_file_met_by_two_ranks_counts_once_against_the_limit() -> None:
+    """Each rank meets the same bad file (another epoch's shuffle, the sampler's padding):
+    one distinct file is not more than --max-bad-samples 1."""
+    ranks = [InputPipeline(CPU, 8, channels_last=False, max_bad=1) for _ in range(2)]
+    for pipe in ranks:
+        pipe(torch.zeros((2, 3, 8, 8), dtype=torch.uint8), torch.tensor([0, -1 - 7]), [])
+    gathered = [pipe.unshared() for pipe in ranks]
+    for pipe in ranks:
+        pipe.agree(gathered)
+    assert [pipe.bad_total for pipe in ranks] == [1, 1]
+    assert [pipe.unshared() for pipe in ranks] == [[], []]
+
+
+def test_distinct_files_over_the_limit_fail_on_every_rank() -> None:
+    ranks = [InputPipeline(CPU, 8, channels_last=False, max_bad=1) for _ in range(2)]
+    for pipe, code in zip(ranks, (-1 - 7, -1 - 9), strict=True):
+        pipe(torch.zeros((2, 3, 8, 8), dtype=torch.uint8), torch.tensor([0, code]), [])
+    gathered = [pipe.unshared() for pipe in ranks]
+    for pipe in ranks:
+        with pytest.raises(
+            BadSamplesError,
+            match="2 unreadable samples, more than --max-bad-samples 1: sample 7, sample 9",
+        ):
+            pipe.agree(gathered)
 
 
 def test_decode_batch_marks_what_nothing_can_decode() -> None:
@@ -202,6 +233,64 @@ def test_a_run_with_too_many_unreadable_samples_fails_naming_them(tmp_path, imag
     assert summary["status"] == "failed"
     assert summary["error"].startswith("BadSamplesError: 2 unreadable samples")
     assert all(path in summary["error"] for path in bad)
+
+
+def _rank_batches(data: Path, epoch: int, rank: int) -> list[list[str]]:
+    """The files of each of ``rank``'s training batches in ``epoch`` under RUN, 2 ranks."""
+    cfg = TrainConfig(data_dir=str(data), image_size=32, batch_size=4, workers=0)
+    train, _, _ = build_datasets(cfg)
+    sampler = build_loader(train, cfg, rank, 2, pin=False, train=True).sampler
+    sampler.set_epoch(epoch)
+    paths = [train.folder.samples[i][0] for _, i in sampler]
+    return [paths[k : k + 4] for k in range(0, len(paths) - 3, 4)]
+
+
+def _break(paths: list[str]) -> None:
+    for path in paths:
+        Path(path).write_bytes(b"\xff\xd8\xff not a jpeg at all")
+
+
+def test_a_file_both_ranks_meet_in_two_epochs_counts_once(tmp_path: Path, image_folder) -> None:
+    """One bad file, on rank 0 in epoch 0 and on rank 1 in epoch 1: one distinct file is
+    within --max-bad-samples 1 (it was counted twice and the run failed)."""
+    data = tmp_path / "data"
+    shutil.copytree(image_folder, data)
+    on_0 = {p for b in _rank_batches(data, 0, 0) for p in b}
+    on_1 = {p for b in _rank_batches(data, 1, 1) for p in b}
+    victim = sorted(on_0 & on_1)[0]
+    _break([victim])
+    out = tmp_path / "out"
+    args = [*RUN, "--epochs", "2", "--data-dir", str(data), "--output-dir", str(out)]
+    proc = run_trainer([*args, "--max-bad-samples", "1"], nproc=2)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = read_json(out / "summary.json")
+    assert (summary["status"], summary["steps"]) == ("completed", 6)
+    assert summary["bad_samples"] == 1
+    assert summary["bad_sample_paths"] == [victim]
+
+
+@pytest.mark.parametrize(("limit", "code", "status"), [(10, 0, "completed"), (3, 1, "failed")])
+def test_a_rank_whose_whole_batch_is_unreadable_keeps_in_step(
+    tmp_path: Path, image_folder, limit: int, code: int, status: str
+) -> None:
+    """Rank 1's first batch is 4 bad files: both ranks take the step (rank 1's weighs
+    nothing) and the run completes; only --max-bad-samples under 4 ends it, on every rank."""
+    data = tmp_path / "data"
+    shutil.copytree(image_folder, data)
+    victims = sorted(_rank_batches(data, 0, 1)[0])
+    _break(victims)
+    out = tmp_path / "out"
+    args = [*RUN, "--data-dir", str(data), "--output-dir", str(out)]
+    proc = run_trainer([*args, "--max-bad-samples", str(limit)], nproc=2, timeout=180)
+    assert proc.returncode == code, proc.stderr[-2000:]
+    summary = read_json(out / "summary.json")
+    assert summary["status"] == status
+    if status == "completed":
+        assert (summary["steps"], summary["bad_samples"]) == (3, 4)
+        assert summary["bad_sample_paths"] == victims
+        assert len(set(summary["param_sha256_per_rank"])) == 1
+    else:
+        assert summary["error"].startswith("BadSamplesError: 4 unreadable samples")
 
 
 def test_gpu_chain_on_cpu_tensors_matches_the_old_pil_path() -> None:
