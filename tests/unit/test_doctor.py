@@ -71,6 +71,62 @@ def test_result_without_a_json_object_is_empty(out):
     assert doctor.result(out) == {}
 
 
+# --- the failure message's cause -------------------------------------------------------------
+
+# What torchrun prints when trainer.doctor network fails on a rank (torch 2.x, trimmed): the
+# rank's own one line first, then torchrun's traceback and its box of '=' lines.
+TORCHRUN_FAILED = """\
+[rank0]: doctor network: DistNetworkError: failed to connect to 10.0.0.2:29400
+E1125 18:59:49.216000 29720 torch/distributed/elastic/multiprocessing/api.py:1002] failed \
+(exitcode: 1) local_rank: 0 (pid: 29835) of binary: /usr/bin/python3
+Traceback (most recent call last):
+  File "torch/distributed/launcher/api.py", line 386, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+trainer.doctor FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-25_18:59:49
+  host      : node1
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 29835)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+@pytest.mark.parametrize(
+    ("out", "cause"),
+    [
+        (TORCHRUN_FAILED, "doctor network: DistNetworkError: failed to connect to 10.0.0.2:29400"),
+        (
+            'Traceback (most recent call last):\n  File "x.py", line 1\n'
+            "MemoryError: cannot allocate\n==========\n=====\n",
+            "MemoryError: cannot allocate",
+        ),
+        (
+            "\n".join(TORCHRUN_FAILED.replace("exitcode  : 1", "exitcode  : -9").splitlines()[1:]),
+            "exitcode : -9 (pid: 29835)",
+        ),
+        ("warming up\nkilled by the timeout\n---------\n==== \n", "killed by the timeout"),
+        ("doctor compute: --arch x: unknown\n", "doctor compute: --arch x: unknown"),
+    ],
+)
+def test_the_failure_message_names_the_cause_not_a_separator(out, cause):
+    assert doctor.error(out, 1) == cause
+
+
+@pytest.mark.parametrize("out", ["", None, "\n=====\n-----\n"])
+def test_a_container_without_a_cause_says_so_with_its_status(out):
+    assert doctor.error(out, 137) == "the container printed nothing to name (status 137)"
+
+
 # --- the flag rule --------------------------------------------------------------------------
 
 

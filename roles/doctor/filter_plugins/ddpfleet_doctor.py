@@ -1,10 +1,12 @@
 """Filters of the doctor role (controller side, pure Python): the JSON line of a doctor
-container's output, the report with its flags (what runs below ``ratio`` of the median, with
-the likely cause in words) and the table doctor.yml prints."""
+container's output, the line naming the cause of a failed one, the report with its flags
+(what runs below ``ratio`` of the median, with the likely cause in words) and the table
+doctor.yml prints."""
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 
 RATIO = 0.8
@@ -22,6 +24,34 @@ def result(output: object) -> dict:
             if isinstance(value, dict):
                 return value
     return {}
+
+
+# trainer.doctor's own one line ("doctor network: ..."), behind torchrun's "[rank0]:" if any.
+_RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s*")
+_DOCTOR_LINE = re.compile(r"^doctor (?:compute|storage|network): ")
+# The last line of a Python traceback ("MemoryError: ..."); torchrun's own is no cause.
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b:?")
+_LAUNCHER = "ChildFailedError"
+# torchrun's box when a rank died without a word (a signal, the OOM killer): its exit code.
+_EXITCODE_LINE = re.compile(r"^exitcode\s*:")
+
+
+def error(output: object, status: object = None) -> str:
+    """The line of a failed container's output that names the cause: trainer.doctor's one
+    line, else the last exception of a traceback, else torchrun's exit code of the rank,
+    else the last line with words in it (not a separator such as torchrun's '=====')."""
+    lines = [_RANK_PREFIX.sub("", raw).strip() for raw in str(output or "").splitlines()]
+    lines = [line for line in lines if line]
+    for wanted in (
+        _DOCTOR_LINE.match,
+        lambda line: _EXCEPTION_LINE.match(line) and _LAUNCHER not in line,
+        _EXITCODE_LINE.match,
+        lambda line: re.search(r"\w", line),
+    ):
+        found = [line for line in lines if wanted(line)]
+        if found:
+            return " ".join(found[-1].split())
+    return f"the container printed nothing to name (status {status})"
 
 
 def below_median(values: dict[str, float], ratio: float = RATIO) -> list[dict]:
@@ -321,6 +351,7 @@ class FilterModule:
     def filters(self) -> dict:
         return {
             "ddpfleet_doctor_result": result,
+            "ddpfleet_doctor_error": error,
             "ddpfleet_doctor_report": report,
             "ddpfleet_doctor_table": table,
         }
