@@ -222,8 +222,9 @@ class Throughput:
         finally:
             spent = time.perf_counter() - began
             self.interval_start += spent
-            if self.run_start is not None:
+            if self.run_start is not None:  # both ends: a pause after the last step is no step
                 self.run_start += spent
+                self.run_end += spent
 
     def interval(self) -> float:
         """Images/s since the last call (resets the interval)."""

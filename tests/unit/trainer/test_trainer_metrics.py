@@ -40,3 +40,15 @@ def test_throughput_leaves_out_paused_time() -> None:
     meter.step(100)
     assert meter.overall() > 2000  # 200 images in ~0.04 s, not in ~0.34 s (~590 img/s)
     assert meter.interval() > 2000
+
+
+def test_a_pause_after_the_last_step_leaves_the_rate_as_it_was() -> None:
+    meter = Throughput(warmup=1)
+    meter.step(100)
+    time.sleep(0.05)
+    meter.step(100)  # 100 images in ~0.05 s
+    before = meter.overall()
+    with meter.paused():  # the last validation, after the last step
+        time.sleep(0.1)
+    assert meter.overall() == before
+    assert 500 < before < 2100
