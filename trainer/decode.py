@@ -17,6 +17,8 @@ resumed mid-epoch sees exactly the batches an uninterrupted run would have seen.
 - ``gpu``: the workers only read bytes and the JPEG header (size -> plan); the rank decodes
   the whole batch with nvJPEG (``torchvision.io.decode_jpeg(list, device="cuda")``) and
   runs the same chain on the GPU. Files that are not JPEG are done by the workers as above.
+- ``auto`` (the default): ``cpu`` off CUDA; on CUDA ``cpu`` where the loader workers have
+  ``AUTO_CPU_LOADER_CORES`` cores or more between them, else ``gpu`` (``decode_choice``).
 
 An unreadable sample is not an exception here: its label comes back as ``-1 - index`` (see
 ``trainer.inputs``, which skips, logs and counts them).
@@ -28,6 +30,7 @@ import dataclasses
 import io
 import itertools
 import math
+import os
 import warnings
 from collections.abc import Sequence
 
@@ -49,10 +52,33 @@ UNREADABLE = (OSError, ValueError, RuntimeError, SyntaxError, Image.Decompressio
 Box = tuple[int, int, int, int]
 
 
-def decode_choice(requested: str, device_type: str) -> str:
-    """``--decode``: auto is gpu on CUDA and cpu elsewhere; gpu needs CUDA (ValueError)."""
+# ``--decode auto`` on CUDA decodes on the CPU from this many loader cores per rank. nvJPEG
+# here is serial with training: ~35 ms of the rank's own CPU per 256-image batch (decode and
+# per-sample crops), so it caps one H200 at ~2,700-3,000 img/s whatever the host has; the
+# workers scale with their cores. Measured on an H200 with 16 Xeon cores (bench/README.md):
+# gpu won with 1, 3 and 4 loader cores (2,604 vs 653 img/s; 2,862 vs 1,368; 2,690 vs 1,830
+# and vs 2,535 with the region decoder), cpu with 6 and 8 (4,454 vs 2,909; 4,545 vs 2,997).
+AUTO_CPU_LOADER_CORES = 6
+
+
+def loader_cores(workers: int, local_ranks: int) -> int:
+    """Cores one rank's loader workers can use: one each at most, within the rank's share of
+    the CPUs this process may run on (affinity, cgroup quota), less one for the rank itself."""
+    from trainer.doctor_compute import cpu_quota  # noqa: PLC0415 - only the CUDA auto path
+
+    cpus = len(os.sched_getaffinity(0))
+    quota = cpu_quota()
+    if quota is not None:
+        cpus = min(cpus, max(1, math.floor(quota)))
+    return max(0, min(workers, cpus // max(1, local_ranks) - 1))
+
+
+def decode_choice(requested: str, device_type: str, cores: int = 0) -> str:
+    """``--decode``: auto is cpu off CUDA, and on CUDA cpu where the loader workers have
+    ``cores`` >= AUTO_CPU_LOADER_CORES (``loader_cores``), else gpu; gpu needs CUDA
+    (ValueError)."""
     if requested == "auto":
-        return "gpu" if device_type == "cuda" else "cpu"
+        return "cpu" if device_type != "cuda" or cores >= AUTO_CPU_LOADER_CORES else "gpu"
     if requested == "gpu" and device_type != "cuda":
         raise ValueError("--decode gpu needs a CUDA device")
     return requested

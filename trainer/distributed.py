@@ -24,6 +24,7 @@ class DistEnv:
     distributed: bool = False
     host: str = dataclasses.field(default_factory=socket.gethostname)
     control_group: object | None = None  # gloo group for CPU-side agreement (stop flag)
+    local_world_size: int = 1  # ranks on this host
 
     @property
     def is_main(self) -> bool:
@@ -39,7 +40,10 @@ def env_from_torchrun() -> DistEnv:
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
     else:
         device = torch.device("cpu")
-    return DistEnv(rank, local_rank, world_size, device, distributed="RANK" in os.environ)
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return DistEnv(
+        rank, local_rank, world_size, device, "RANK" in os.environ, local_world_size=local_ranks
+    )
 
 
 def init_distributed(env: DistEnv, timeout_sec: float) -> None:

@@ -80,7 +80,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
         Option("train_num_classes", "int", 0, "Classes (0: from the data set; 1000 with synthetic data).", 0, 1_000_000, flag="--num-classes"),
         Option("train_image_size", "int", 224, "Input resolution in pixels.", 1, 8192, flag="--image-size"),
         Option("train_workers", "int", 4, "DataLoader processes per rank.", 0, 256, flag="--workers"),
-        Option("train_decode", "str", "auto", "JPEG decoding: gpu (nvJPEG on the rank's GPU, batched; the loader workers only read files), cpu (PIL/libjpeg-turbo in the loader workers), auto: gpu on CUDA, else cpu.",
+        Option("train_decode", "str", "auto", "JPEG decoding: gpu (nvJPEG on the rank's GPU, batched; the loader workers only read files), cpu (PIL/libjpeg-turbo in the loader workers), auto: cpu off CUDA; on CUDA cpu where the workers have 6 or more cores per rank, else gpu (the rank log says which and why).",
                choices=("auto", "cpu", "gpu"), flag="--decode"),
         Option("train_max_bad_samples", "int", 10, "Unreadable images (truncated, corrupt) skipped, logged and counted in summary.json; more than this fails the run, naming them.", 0, 1_000_000_000, flag="--max-bad-samples"),
     ),

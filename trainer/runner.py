@@ -24,7 +24,7 @@ from trainer.config import (
     parse_config,
 )
 from trainer.data import build_datasets, build_loader
-from trainer.decode import decode_choice
+from trainer.decode import decode_choice, loader_cores
 from trainer.engine import Run, evaluate, stop_agreed, train_one_epoch
 from trainer.inputs import SHOWN_PATHS, InputPipeline
 from trainer.metrics import LOG, Heartbeat, MetricsLog, NonFiniteError, Throughput, setup_logging
@@ -129,7 +129,8 @@ def _prepare(cfg: TrainConfig, env: dist_utils.DistEnv, heartbeat: Heartbeat) ->
     heartbeat.progress(step=int(state["step"]) if state else 0, phase="scan")
     cfg.batch_size = batch
     try:
-        cfg.decode = decode_choice(cfg.decode, env.device.type)
+        cores = loader_cores(cfg.workers, env.local_world_size)
+        requested, cfg.decode = cfg.decode, decode_choice(cfg.decode, env.device.type, cores)
     except ValueError as exc:
         raise BadInputError(str(exc)) from None
     train_ds, val_ds, num_classes = build_datasets(cfg, encoded=cfg.decode == "gpu")
@@ -150,7 +151,9 @@ def _prepare(cfg: TrainConfig, env: dist_utils.DistEnv, heartbeat: Heartbeat) ->
         raise BadInputError(
             f"{len(train_ds)} training images: fewer than one global batch ({world_batch})"  # type: ignore[arg-type]
         )
-    return state, plan, train_ds, val_ds, amp_dtype, model, batches
+    auto = requested == "auto" and env.device.type == "cuda"  # off CUDA it is always cpu
+    decoding = "" if cfg.synthetic else _jpeg_decoding(cfg.decode, auto, cores)
+    return state, plan, train_ds, val_ds, amp_dtype, model, batches, decoding
 
 
 def _loop(
@@ -190,7 +193,7 @@ def _validate(run: Run, loader: DataLoader, last: float | None) -> tuple[bool, f
 def _train(
     cfg: TrainConfig, env: dist_utils.DistEnv, prepared: tuple, stop: StopFlag, heartbeat: Heartbeat
 ) -> dict:
-    state, plan, train_ds, val_ds, amp_dtype, model, batches = prepared
+    state, plan, train_ds, val_ds, amp_dtype, model, batches, decoding = prepared
     out = Path(cfg.output_dir)
     start_step = int(state["step"]) if state else 0
     pin = env.device.type == "cuda"
@@ -240,8 +243,8 @@ def _train(
         _start_records(cfg, plan)
         run.metrics = MetricsLog(out / "metrics.jsonl", start_step if state else None)
     LOG.info("world %d, device %s, amp %s, %d steps", env.world_size, env.device, amp_dtype, total)
-    if cfg.decode == "cpu" and not cfg.synthetic:
-        LOG.info("JPEG decoding: %s", _cpu_jpeg_decoder())
+    if decoding:
+        LOG.info("JPEG decoding: %s", decoding)
     stopped, accuracy, start_batch = _loop(run, train_loader, val_loader, start_batch, epochs)
     ckpt.save_run(run, start_batch)
     if env.device.type == "cuda":
@@ -275,10 +278,16 @@ def _train(
     }
 
 
-def _cpu_jpeg_decoder() -> str:
-    if jpeg.REGION is None:
-        return f"whole files (no {jpeg.DEFAULT_PATH}: the crop's region only needs it)"
-    return f"the crop's region only, at a DCT scale where it allows ({jpeg.REGION.path})"
+def _jpeg_decoding(chosen: str, auto: bool, cores: int) -> str:
+    if chosen == "gpu":
+        text = "nvJPEG on the rank's GPU, batched"
+    elif jpeg.REGION is None:
+        text = f"whole files (no {jpeg.DEFAULT_PATH}: the crop's region only needs it)"
+    else:
+        text = f"the crop's region only, at a DCT scale where it allows ({jpeg.REGION.path})"
+    if auto:
+        text += f" (--decode auto: {chosen}, the loader workers have {cores} core(s) per rank)"
+    return text
 
 
 def run(argv: list[str] | None, stop: StopFlag) -> int:

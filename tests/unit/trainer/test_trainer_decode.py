@@ -4,6 +4,7 @@ the GPU chain run on CPU tensors, and unreadable samples (skipped, counted, or f
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import torch
 from PIL import Image
 from trainer_helpers import read_json, run_trainer, trainer_env
 
+import trainer.doctor_compute
 from trainer.config import TrainConfig
 from trainer.data import FolderImages, build_datasets, build_loader, mean_std, to_device
 from trainer.decode import (
@@ -28,6 +30,7 @@ from trainer.decode import (
     decode_choice,
     decode_cpu,
     draft_factor,
+    loader_cores,
     random_resized_crop,
     sample_generator,
 )
@@ -38,16 +41,46 @@ CPU = torch.device("cpu")
 
 
 @pytest.mark.parametrize(
-    ("requested", "device", "chosen"),
+    ("requested", "device", "cores", "chosen"),
     [
-        ("auto", "cuda", "gpu"),
-        ("auto", "cpu", "cpu"),
-        ("cpu", "cuda", "cpu"),
-        ("gpu", "cuda", "gpu"),
+        ("auto", "cuda", 0, "gpu"),
+        ("auto", "cuda", 5, "gpu"),  # an H200 did more with nvJPEG up to 4 loader cores
+        ("auto", "cuda", 6, "cpu"),  # and 1.5x more with 6 cores decoding
+        ("auto", "cpu", 0, "cpu"),
+        ("cpu", "cuda", 0, "cpu"),
+        ("gpu", "cuda", 64, "gpu"),
     ],
 )
-def test_decode_choice(requested: str, device: str, chosen: str) -> None:
-    assert decode_choice(requested, device) == chosen
+def test_decode_choice(requested: str, device: str, cores: int, chosen: str) -> None:
+    assert decode_choice(requested, device, cores) == chosen
+
+
+@pytest.mark.parametrize(
+    ("cpus", "quota", "workers", "local_ranks", "cores"),  # cpus: the process's affinity
+    [
+        (16, None, 8, 1, 8),  # one core per worker
+        (16, None, 4, 1, 4),
+        (16, None, 8, 2, 7),  # 8 CPUs per rank, one of them the rank's
+        (8, None, 6, 1, 6),
+        (4, None, 3, 1, 3),
+        (2, None, 2, 1, 1),
+        (64, 4.5, 8, 1, 3),  # docker --cpus 4.5 on a 64-core host
+        (64, 0.5, 8, 1, 0),
+        (2, None, 0, 1, 0),  # no workers: the rank decodes on the CPU itself
+    ],
+)
+def test_loader_cores_are_the_workers_share_of_the_usable_cpus(
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    cpus: int,
+    quota: float | None,
+    workers: int,
+    local_ranks: int,
+    cores: int,
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cpus)))
+    monkeypatch.setattr(trainer.doctor_compute, "cpu_quota", lambda: quota)
+    assert loader_cores(workers, local_ranks) == cores
 
 
 def test_gpu_decode_without_cuda_is_refused() -> None:
@@ -325,6 +358,7 @@ def test_gpu_chain_on_cpu_tensors_matches_the_old_pil_path() -> None:
 _LOADER_UNDER_LIMIT = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+import trainer.doctor_compute
 from trainer.config import TrainConfig
 from trainer.data import build_datasets, build_loader
 cfg = TrainConfig(data_dir=sys.argv[1], image_size=16, batch_size=128, workers=2)
@@ -375,7 +409,7 @@ def test_a_png_among_jpegs_travels_as_its_image_and_lands_in_its_place(tmp_path:
 _GPU_PIPELINE_ON_CPU = """
 import sys
 import trainer.runner
-trainer.runner.decode_choice = lambda requested, device: "gpu"
+trainer.runner.decode_choice = lambda *_args: "gpu"
 from trainer.__main__ import main
 sys.exit(main(sys.argv[1:]))
 """
