@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,3 +141,27 @@ def sandbox() -> Sandbox:
         subnet=str(settings.subnet),
         env=env,
     )
+
+
+# Where the tier's time goes, printed at its end (CI's output included): each module's wall
+# time from its first test's setup to its last test's teardown. A session fixture counts in
+# the module that first needs it (site.yml in test_20_site.py).
+_MODULE_SPANS: dict[str, list[float]] = {}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    start = time.monotonic()
+    try:
+        return (yield)
+    finally:
+        span = _MODULE_SPANS.setdefault(item.location[0], [start, start, 0])
+        span[1], span[2] = time.monotonic(), span[2] + 1
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _MODULE_SPANS:
+        return
+    terminalreporter.section("e2e time per module")
+    for path, (start, end, tests) in _MODULE_SPANS.items():
+        terminalreporter.write_line(f"{end - start:7.0f} s {int(tests):4d} tests  {path}")
