@@ -1,6 +1,6 @@
 """Unit tests of roles/trainer_run/filter_plugins/ddpfleet_balance_filters.py (train_balance's
 mode, the doctor's figures for a run, the trainer's --batch-weights) and of the train_balance and
-train_cpus checks of roles/trainer_run/action_plugins/ddpfleet_run_validate.py."""
+train_cpus checks of trainer/request.py."""
 
 from __future__ import annotations
 
@@ -11,11 +11,10 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from plugin_loader import load_plugin
 
+import trainer.request as validate
+
 balance = load_plugin(
     "ddpfleet_balance_filters", "roles/trainer_run/filter_plugins/ddpfleet_balance_filters.py"
-)
-validate = load_plugin(
-    "ddpfleet_run_validate", "roles/trainer_run/action_plugins/ddpfleet_run_validate.py"
 )
 HOSTS = ["node1", "node2", "node3"]
 MODEL = {"arch": "resnet18", "image_size": 64, "batch_size": 16, "amp": "auto"}

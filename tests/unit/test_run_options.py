@@ -12,14 +12,12 @@ import pytest
 import yaml
 from plugin_loader import load_plugin
 
+import trainer.request as validate
 from trainer.config import get_args_parser
 from trainer.options import OPTIONS, problem
 
 ROOT = Path(__file__).resolve().parents[2]
 gen = load_plugin("gen_options", "tools/gen_options.py")
-validate = load_plugin(
-    "ddpfleet_run_validate", "roles/trainer_run/action_plugins/ddpfleet_run_validate.py"
-)
 NUMERIC = sorted(n for n, o in OPTIONS.items() if o.type in ("int", "float"))
 HOSTS = ["node1", "node2"]
 # 0, -1, huge, non-finite and wrong types: each refused in one line or accepted, for every option

@@ -6,11 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from plugin_loader import load_plugin
 
-validate = load_plugin(
-    "ddpfleet_run_validate", "roles/trainer_run/action_plugins/ddpfleet_run_validate.py"
-)
+import trainer.request as validate
 
 
 @pytest.fixture

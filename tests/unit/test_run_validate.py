@@ -1,4 +1,4 @@
-"""The checks of a run request (roles/trainer_run/action_plugins/ddpfleet_run_validate.py),
+"""The checks of a run request (trainer/request.py),
 called in-process; one playbook run proves tasks/validate.yml runs them before anything else."""
 
 from __future__ import annotations
@@ -10,12 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from plugin_loader import load_plugin
+
+import trainer.request as validate
 
 ROOT = Path(__file__).resolve().parents[2]
-validate = load_plugin(
-    "ddpfleet_run_validate", "roles/trainer_run/action_plugins/ddpfleet_run_validate.py"
-)
 TRAINERS = ["gpu1", "gpu2", "gpu3"]
 MOUNT = "/mnt/ddpfleet"
 
