@@ -26,6 +26,48 @@ class StoreLost(RuntimeError):
     """The connection to the run's store failed: its host counts as failed."""
 
 
+# What each key must hold to be acted on, as the agents write it (``Agent._record``,
+# ``Agent._failure``, ``request_stop``, ``Agent._finish``). Every agent reads every key each
+# round: a value of another shape (a store client that is not an agent) is ignored, and named
+# once in the host's log, instead of raising in the supervision loop.
+RANK_NUMBERS = (
+    "step", "total_steps", "epoch", "live_age", "progress_age", "loss", "images_per_sec",
+)  # fmt: skip
+
+
+def _number(value: object) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _text(value: object) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _rank_view(r: object) -> bool:
+    return (
+        isinstance(r, dict)
+        and type(r.get("rank")) is int
+        and _text(r.get("phase"))
+        and all(_number(r.get(k)) for k in RANK_NUMBERS)
+    )
+
+
+SHAPES: dict[str, Callable[[dict], bool]] = {
+    "ranks": lambda v: (
+        isinstance(v.get("state"), str)
+        and isinstance(v.get("ranks"), list)
+        and all(_rank_view(r) for r in v["ranks"])
+    ),
+    "exit": lambda v: isinstance(v.get("outcome"), str) and _text(v.get("host")),
+    "failure": lambda v: (
+        isinstance(v.get("host"), str)
+        and isinstance(v.get("reason"), str)
+        and (v.get("rank") is None or type(v.get("rank")) is int)
+    ),
+    "stop": lambda v: isinstance(v.get("by"), str),
+}
+
+
 class Peers:
     def __init__(self, cfg: AgentConfig):
         self.cfg = cfg
@@ -36,6 +78,8 @@ class Peers:
         self.exits: dict[int, dict] = {}
         self.started = time.time()
         self._broken = ""
+        self.ignored: dict[str, str] = {}  # key -> the value ignored (first one)
+        self.unlogged: list[str] = []  # keys ignored for the first time, for the agent's log
 
     def _guarded(self, fn: Callable[[], object]) -> object:
         """Run fn on a daemon thread, waiting at most peer_timeout: a peer cut off by dropped
@@ -88,11 +132,20 @@ class Peers:
         if not self._call(self.store.check, [key]):
             return None
         raw = self._call(self.store.get, key)
+        return self._shaped(key, raw)
+
+    def _shaped(self, key: str, raw: bytes | str) -> dict | None:
+        """The value of key when it has the shape agents write, else None (noted once)."""
         try:
             value = json.loads(raw) if raw else None
-        except ValueError:
-            return None
-        return value if isinstance(value, dict) else None
+        except (ValueError, UnicodeDecodeError):
+            value = None
+        if isinstance(value, dict) and SHAPES[key.split("/", maxsplit=1)[0]](value):
+            return value
+        if raw and key not in self.ignored:
+            self.ignored[key] = repr(raw)[:200]
+            self.unlogged.append(key)
+        return None
 
     def exchange(self, record: dict) -> tuple[dict | None, dict | None]:
         """Publish this host's record and keepalive; read every host's. Returns (failure, stop)."""
@@ -134,10 +187,11 @@ class Peers:
         assert self.store is not None
         mine = json.dumps(failure, sort_keys=True)
         won = self._guarded(lambda: self._call(self.store.compare_set, "failure", "", mine))
-        try:
-            return json.loads(won)
-        except ValueError:
+        claimed = self._shaped("failure", won)
+        if claimed is None:  # what held the key is no failure: this one replaces it
+            self._guarded(lambda: self._call(self.store.set, "failure", mine))
             return failure
+        return claimed
 
     def request_stop(self, by: str) -> None:
         assert self.store is not None

@@ -6,6 +6,7 @@ import os
 import signal
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from types import FrameType
 
@@ -74,6 +75,28 @@ class Agent:
 
     # --- the loop -----------------------------------------------------------------------
     def run(self) -> int:
+        """Supervise the run; an error of the agent's own ends it as a failure naming this
+        host, with the traceback in nodes/<host>.log, instead of a container gone silently."""
+        try:
+            return self._run()
+        except Exception as exc:  # the last line of defence, recorded below
+            return self._crashed(exc)
+
+    def _crashed(self, exc: Exception) -> int:
+        for line in traceback.format_exc().rstrip().splitlines():
+            self.say(line)
+        reason = f"its ddpfleet agent failed ({type(exc).__name__}: {exc})"
+        self.failure = self._failure(self.cfg.node_rank, None, None, reason[:500])
+        try:
+            if self.store_ok:
+                self.failure = self._claim(self.failure)
+            return self._finish("failed", 1)
+        except Exception:  # the ranks must not outlive the agent either way
+            self.ranks.kill_all()
+            self.records.flush(30.0)
+            return 1
+
+    def _run(self) -> int:
         cfg = self.cfg
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
@@ -117,6 +140,7 @@ class Agent:
                     f"lost the connection to the run's store on {cfg.hosts[0]} ({exc})",
                 )
                 return "failed", 1
+            self._note_ignored()
             if failure is not None:
                 self.failure = failure
                 self.ranks.kill_all()
@@ -140,6 +164,12 @@ class Agent:
                 self.escalated = True
                 self.ranks.kill_all()
             time.sleep(cfg.tick)
+
+    def _note_ignored(self) -> None:
+        while self.peers.unlogged:
+            key = self.peers.unlogged.pop(0)
+            value = self.peers.ignored[key]
+            self.say(f"ignored the store's {key}: not what an agent writes ({value})")
 
     def _begin_stop(self, stop: dict | None) -> None:
         self.stopping_since = time.time()

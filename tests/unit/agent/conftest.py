@@ -88,6 +88,18 @@ sys.exit(int(mode[1]) if mode[0] == "exit" else 0)
 """
 
 
+# The agent with one method replaced by one that raises: python -c DEFECT <agent args>.
+DEFECT = """
+import sys
+from trainer.agent import supervise
+def defect(self, *args, **kwargs):
+    raise KeyError("a defect planted by the test")
+supervise.Agent.{method} = defect
+from trainer.agent.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -108,9 +120,14 @@ class Cluster:
         self.options = {"peer-timeout": 4, "heartbeat-timeout": 4, "stop-timeout": 5, **options}
         self.procs: list[subprocess.Popen[str]] = []
 
-    def start(self, modes: dict[int, str]) -> None:
+    def start(self, modes: dict[int, str], defects: dict[int, str] | None = None) -> None:
+        """Start every host's agent; ``defects[node]``: an Agent method that raises there (a
+        stand-in for a bug in the agent itself, which is what its last-resort handler is for)."""
         for node, host in enumerate(self.hosts):
-            args = [sys.executable, "-m", "trainer.agent", "--run-dir", str(self.run_dir),
+            agent = ["-m", "trainer.agent"]
+            if defects and node in defects:
+                agent = ["-c", DEFECT.format(method=defects[node])]
+            args = [sys.executable, *agent, "--run-dir", str(self.run_dir),
                     "--run-id", "t1", "--host", host, "--node-rank", str(node),
                     "--hosts", ",".join(self.hosts), "--store", f"127.0.0.1:{self.port}",
                     "--attempt", "a1"]  # fmt: skip

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+from torch.distributed import TCPStore
 
 from trainer.agent.cli import BadAgentInput, parse_args
 from trainer.agent.report import report_lines
@@ -51,6 +55,63 @@ def test_a_late_host_is_waited_for_after_a_completed_run(cluster):
     assert c.wait() == [0, 0, 0], c.output()
     assert c.json("progress.json")["hosts"] == {h: "exited" for h in c.hosts}
     assert c.json("nodes/h2.exit")["outcome"] == "completed"
+
+
+def test_values_of_another_shape_in_the_store_are_ignored_and_the_run_completes(cluster):
+    """A store client that is not an agent writes a failure and a stop missing their fields,
+    a host's rank views with a string where the ranks go, and an exit without its outcome:
+    the agents name each key once in their logs and the run completes (before, the failure
+    ended the run and the views raised out of every agent's loop)."""
+    c = cluster(2)
+    c.start({0: "run:8", 1: "run:8"})
+    c.heartbeat_ready(0, step=1)
+    client = TCPStore("127.0.0.1", c.port, None, False, datetime.timedelta(seconds=10))
+    client.set("failure", json.dumps({"x": 1}))
+    client.set("stop", json.dumps({"by": 5}))
+    client.set("exit/1", json.dumps({"host": "h1"}))
+    deadline = time.monotonic() + 3  # h1's agent rewrites ranks/1 every round
+    while time.monotonic() < deadline:
+        client.set("ranks/1", json.dumps({"state": "running", "ranks": "xy"}))
+        time.sleep(0.02)
+    assert c.wait() == [0, 0], c.output()
+    assert c.json("progress.json")["status"] == "completed"
+    log = (c.run_dir / "nodes" / "h0.log").read_text()
+    for key in ("failure", "stop", "exit/1", "ranks/1"):
+        assert log.count(f"ignored the store's {key}: not what an agent writes") == 1, log
+
+
+def test_an_error_of_the_agent_itself_fails_the_run_naming_its_host(cluster):
+    """A defect in the agent (any exception out of its loop) ends the run as a failure naming
+    that host, with the traceback in its log, and its ranks gone, as any failed host's."""
+    c = cluster(2)
+    c.start({0: "run:60", 1: "run:60"}, defects={1: "_check"})
+    codes = c.wait()
+    assert codes[1] == 1, (codes, c.output())
+    assert codes[0] != 0, (codes, c.output())
+    summary = c.json("summary.json")
+    assert summary["failure"]["host"] == "h1", summary
+    assert (
+        "its ddpfleet agent failed (KeyError: 'a defect planted by the test')" in (summary["cause"])
+    )
+    assert c.json("nodes/h1.exit")["outcome"] == "failed"
+    log = (c.run_dir / "nodes" / "h1.log").read_text()
+    assert "Traceback (most recent call last)" in log
+    assert "_crashed" not in log  # the handler's own frames are not part of the defect
+    deadline = time.monotonic() + 5
+    while (left := processes_under(c.tmp)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"launchers or ranks outlived their agents: {left}"
+
+
+def processes_under(folder: Path) -> list[str]:
+    """Command lines of running processes that name a file in folder (launcher.py, rank.py)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            cmdline = (proc / "cmdline").read_bytes()
+            if proc.name.isdigit() and str(folder).encode() in cmdline:
+                found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+    return found
 
 
 def test_failed_rank_ends_every_host_and_names_it(cluster):
