@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -69,28 +70,39 @@ def read_heartbeats(directory: Path) -> dict[int, dict]:
         for path in directory.glob("rank-*.json"):
             with contextlib.suppress(OSError, ValueError):
                 rec = json.loads(path.read_text())
-                if isinstance(rec, dict) and isinstance(rec.get("rank"), int):
+                if isinstance(rec, dict) and type(rec.get("rank")) is int:
                     beats[rec["rank"]] = rec
     return beats
 
 
+def _number(value: object) -> float | None:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _count(value: object) -> int:
+    number = _number(value)
+    return int(number) if number is not None and math.isfinite(number) else 0
+
+
 def rank_views(beats: dict[int, dict], now: float) -> list[dict]:
-    """What the store carries per rank: step, phase and ages measured on this host's clock."""
+    """What the store carries per rank: step, phase and ages measured on this host's clock.
+    Numbers only where numbers go (a user's program writes its own heartbeat): the other
+    agents ignore a view of another shape (``peers.SHAPES``)."""
     views = []
     for rank, rec in sorted(beats.items()):
-        live = rec.get("time")
-        prog = rec.get("progress_time", live)
+        live = _number(rec.get("time"))
+        prog = _number(rec.get("progress_time", live))
         views.append(
             {
                 "rank": rank,
-                "step": int(rec.get("step") or 0),
-                "total_steps": int(rec.get("total_steps") or 0),
-                "epoch": rec.get("epoch"),
+                "step": _count(rec.get("step")),
+                "total_steps": _count(rec.get("total_steps")),
+                "epoch": _number(rec.get("epoch")),
                 "phase": str(rec.get("phase") or "start"),
-                "live_age": round(now - live, 2) if isinstance(live, (int, float)) else None,
-                "progress_age": round(now - prog, 2) if isinstance(prog, (int, float)) else None,
-                "loss": rec.get("loss"),
-                "images_per_sec": rec.get("images_per_sec"),
+                "live_age": None if live is None else round(now - live, 2),
+                "progress_age": None if prog is None else round(now - prog, 2),
+                "loss": _number(rec.get("loss")),
+                "images_per_sec": _number(rec.get("images_per_sec")),
             }
         )
     return views

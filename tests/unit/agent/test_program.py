@@ -4,10 +4,12 @@ heartbeat helper (ddpfleet_heartbeat) read by the agent's stall detection."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
 from trainer.agent import ddpfleet_heartbeat
+from trainer.agent.peers import SHAPES
 from trainer.agent.ranks import rank_views, read_heartbeats
 
 HELPER_DIR = Path(ddpfleet_heartbeat.__file__).parent
@@ -90,6 +92,22 @@ def test_helper_heartbeats_are_what_the_agent_reads(tmp_path, monkeypatch):
     assert view[0]["live_age"] < 0.3
     beat.stop()
     assert read_heartbeats(tmp_path)[3]["phase"] == "done"
+
+
+def test_a_program_writing_odd_values_still_gives_views_the_other_agents_take(tmp_path):
+    """A user's program writes its own heartbeat: strings, NaN or infinity where numbers go
+    become None or 0 in the store's view, so the other agents never ignore its host."""
+    odd = ["7", True, math.nan, math.inf, [1], {"a": 1}, None]
+    for i, value in enumerate(odd):
+        beat = {k: value for k in ("step", "total_steps", "epoch", "loss", "images_per_sec")}
+        beat |= {"rank": i, "time": value, "progress_time": value, "phase": "train"}
+        (tmp_path / f"rank-{i}.json").write_text(json.dumps(beat))
+    (tmp_path / "rank-9.json").write_text(json.dumps({"rank": True, "step": 1}))
+    views = rank_views(read_heartbeats(tmp_path), time.time())
+    assert [v["rank"] for v in views] == list(range(len(odd)))  # rank true is no rank
+    assert SHAPES["ranks"]({"state": "running", "ranks": views})
+    assert views[0]["step"] == 0  # "7" is not a step
+    assert views[2]["loss"] is not None  # NaN is a number: the trainer stops on it itself
 
 
 def test_helper_does_nothing_outside_a_run(tmp_path, monkeypatch):
