@@ -41,6 +41,7 @@ from torch.nn import functional as TF
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from trainer import jpeg
+from trainer.doctor_compute import cpu_quota
 
 # torchvision 0.29 marks its image codecs deprecated in favour of TorchCodec (not in the image).
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities")
@@ -64,8 +65,6 @@ AUTO_CPU_LOADER_CORES = 6
 def loader_cores(workers: int, local_ranks: int) -> int:
     """Cores one rank's loader workers can use: one each at most, within the rank's share of
     the CPUs this process may run on (affinity, cgroup quota), less one for the rank itself."""
-    from trainer.doctor_compute import cpu_quota  # noqa: PLC0415 - only the CUDA auto path
-
     cpus = len(os.sched_getaffinity(0))
     quota = cpu_quota()
     if quota is not None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from torch.distributed import TCPStore
 
 from trainer.agent.cli import AgentConfig
+from trainer.agent.ranks import number
 
 # A rank's heartbeat thread beats every second (DDPFLEET_HEARTBEAT_INTERVAL); one this recent
 # is running.
@@ -36,7 +37,7 @@ RANK_NUMBERS = (
 
 
 def _number(value: object) -> bool:
-    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+    return value is None or number(value) is not None
 
 
 def _text(value: object) -> bool:
@@ -69,8 +70,10 @@ SHAPES: dict[str, Callable[[dict], bool]] = {
 
 
 class Peers:
-    def __init__(self, cfg: AgentConfig):
+    def __init__(self, cfg: AgentConfig, note: Callable[[str], None]):
+        """``note``: says a line once per key whose value is ignored (the agent's log)."""
         self.cfg = cfg
+        self.note = note
         self.n = len(cfg.hosts)
         self.store: TCPStore | None = None
         self.seen: dict[int, tuple[int, float]] = {}  # node -> (keepalive count, local time)
@@ -78,8 +81,7 @@ class Peers:
         self.exits: dict[int, dict] = {}
         self.started = time.time()
         self._broken = ""
-        self.ignored: dict[str, str] = {}  # key -> the value ignored (first one)
-        self.unlogged: list[str] = []  # keys ignored for the first time, for the agent's log
+        self.ignored: set[str] = set()  # keys whose value was ignored (said once each)
 
     def _guarded(self, fn: Callable[[], object]) -> object:
         """Run fn on a daemon thread, waiting at most peer_timeout: a peer cut off by dropped
@@ -143,8 +145,8 @@ class Peers:
         if isinstance(value, dict) and SHAPES[key.split("/", maxsplit=1)[0]](value):
             return value
         if raw and key not in self.ignored:
-            self.ignored[key] = repr(raw)[:200]
-            self.unlogged.append(key)
+            self.ignored.add(key)
+            self.note(f"ignored the store's {key}: not what an agent writes ({repr(raw)[:200]})")
         return None
 
     def exchange(self, record: dict) -> tuple[dict | None, dict | None]:

@@ -75,13 +75,14 @@ def read_heartbeats(directory: Path) -> dict[int, dict]:
     return beats
 
 
-def _number(value: object) -> float | None:
+def number(value: object) -> float | None:
+    """value if it is an int or float (not a bool), else None."""
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _count(value: object) -> int:
-    number = _number(value)
-    return int(number) if number is not None and math.isfinite(number) else 0
+    n = number(value)
+    return int(n) if n is not None and math.isfinite(n) else 0
 
 
 def rank_views(beats: dict[int, dict], now: float) -> list[dict]:
@@ -90,19 +91,19 @@ def rank_views(beats: dict[int, dict], now: float) -> list[dict]:
     agents ignore a view of another shape (``peers.SHAPES``)."""
     views = []
     for rank, rec in sorted(beats.items()):
-        live = _number(rec.get("time"))
-        prog = _number(rec.get("progress_time", live))
+        live = number(rec.get("time"))
+        prog = number(rec.get("progress_time", live))
         views.append(
             {
                 "rank": rank,
                 "step": _count(rec.get("step")),
                 "total_steps": _count(rec.get("total_steps")),
-                "epoch": _number(rec.get("epoch")),
+                "epoch": number(rec.get("epoch")),
                 "phase": str(rec.get("phase") or "start"),
                 "live_age": None if live is None else round(now - live, 2),
                 "progress_age": None if prog is None else round(now - prog, 2),
-                "loss": _number(rec.get("loss")),
-                "images_per_sec": _number(rec.get("images_per_sec")),
+                "loss": number(rec.get("loss")),
+                "images_per_sec": number(rec.get("images_per_sec")),
             }
         )
     return views

@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 
 from trainer.agent.plot import render_png
+from trainer.agent.ranks import number
 from trainer.agent.records import read_json, write_bytes_atomic
 
 METRICS_MAX = 64 << 20  # bytes of metrics.jsonl read for the plot
@@ -32,7 +33,8 @@ def run_status(hosts: list[str], outcomes: dict[str, str], failed: bool) -> str:
 
 
 def _num(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    n = number(value)
+    return None if n is None else float(n)
 
 
 def report_lines(

@@ -31,7 +31,7 @@ class Agent:
         self.records = Records(cfg.run_dir, cfg.host)
         hb_dir = Path(tempfile.mkdtemp(prefix="ddpfleet-heartbeat-"))
         self.ranks = LocalRanks(cfg.command, hb_dir, self.records.log)
-        self.peers = Peers(cfg)
+        self.peers = Peers(cfg, self.say)
         self.signum = 0
         self.stopping_since = 0.0
         self.escalated = False
@@ -140,7 +140,6 @@ class Agent:
                     f"lost the connection to the run's store on {cfg.hosts[0]} ({exc})",
                 )
                 return "failed", 1
-            self._note_ignored()
             if failure is not None:
                 self.failure = failure
                 self.ranks.kill_all()
@@ -164,12 +163,6 @@ class Agent:
                 self.escalated = True
                 self.ranks.kill_all()
             time.sleep(cfg.tick)
-
-    def _note_ignored(self) -> None:
-        while self.peers.unlogged:
-            key = self.peers.unlogged.pop(0)
-            value = self.peers.ignored[key]
-            self.say(f"ignored the store's {key}: not what an agent writes ({value})")
 
     def _begin_stop(self, stop: dict | None) -> None:
         self.stopping_since = time.time()

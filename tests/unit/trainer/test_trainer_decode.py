@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from trainer_helpers import read_json, run_trainer, trainer_env
 
-import trainer.doctor_compute
+import trainer.decode
 from trainer.config import TrainConfig
 from trainer.data import FolderImages, build_datasets, build_loader, mean_std, to_device
 from trainer.decode import (
@@ -79,7 +79,7 @@ def test_loader_cores_are_the_workers_share_of_the_usable_cpus(
     cores: int,
 ) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cpus)))
-    monkeypatch.setattr(trainer.doctor_compute, "cpu_quota", lambda: quota)
+    monkeypatch.setattr(trainer.decode, "cpu_quota", lambda: quota)
     assert loader_cores(workers, local_ranks) == cores
 
 
@@ -358,7 +358,6 @@ def test_gpu_chain_on_cpu_tensors_matches_the_old_pil_path() -> None:
 _LOADER_UNDER_LIMIT = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-import trainer.doctor_compute
 from trainer.config import TrainConfig
 from trainer.data import build_datasets, build_loader
 cfg = TrainConfig(data_dir=sys.argv[1], image_size=16, batch_size=128, workers=2)
