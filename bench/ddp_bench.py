@@ -14,7 +14,7 @@ after ``--warmup`` (data loading included):
 
 ``--data-dir DIR`` (a JPEG ImageFolder) feeds both from files instead: (a) the textbook
 torchvision pipeline (PIL decode, RandomResizedCrop, flip, ToTensor, Normalize in
-``--workers`` loader processes), (b) the trainer with ``--decode auto`` (nvJPEG on CUDA).
+``--workers`` loader processes), (b) the trainer with ``--decode auto``.
 
 The synthetic images are the trainer's own SyntheticImages bank in both cases.
 Prints both figures and the ratio; ``--json FILE`` also writes them.
