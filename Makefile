@@ -59,14 +59,10 @@ host-deps: ## Make sure a Docker engine and debootstrap are there (installs them
 	bash sandbox/host-deps.sh
 
 e2e: $(STAMP) host-deps ## End-to-end tier on the sandbox cluster (needs a Docker engine)
-	$(BIN)/python -m pytest tests/e2e
+	$(BIN)/python -m pytest tests/e2e --durations=40
 
-test: ## Every test tier (what CI runs): lint, unit, e2e, each tier's time printed
-	@for tier in lint unit e2e; do \
-		start=$$(date +%s); \
-		$(MAKE) --no-print-directory $$tier || { echo "make test: tier $$tier failed after $$(( $$(date +%s) - start )) s"; exit 1; }; \
-		echo "make test: tier $$tier took $$(( $$(date +%s) - start )) s"; \
-	done
+test: ## Every test tier (what CI runs): lint, then unit beside e2e, each tier's time printed
+	MAKE="$(MAKE)" bash tools/test_tiers.sh
 
 infra: $(STAMP) ## testinfra node checks against INVENTORY (default: the sandbox)
 	$(BIN)/python -m pytest tests/infra --hosts=ansible://all --ansible-inventory=$(INVENTORY)
