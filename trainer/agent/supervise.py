@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -81,6 +82,8 @@ class Agent:
             return self._run()
         except Exception as exc:  # the last line of defence, recorded below
             return self._crashed(exc)
+        finally:  # the ranks are gone: their heartbeat files have been read for the last time
+            shutil.rmtree(self.ranks.heartbeat_dir, ignore_errors=True)
 
     def _crashed(self, exc: Exception) -> int:
         for line in traceback.format_exc().rstrip().splitlines():

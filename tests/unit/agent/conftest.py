@@ -119,6 +119,8 @@ class Cluster:
         (tmp / "rank.py").write_text(RANK)
         self.options = {"peer-timeout": 4, "heartbeat-timeout": 4, "stop-timeout": 5, **options}
         self.procs: list[subprocess.Popen[str]] = []
+        self.tmpdir = tmp / "tmp"
+        self.tmpdir.mkdir()
 
     def start(self, modes: dict[int, str], defects: dict[int, str] | None = None) -> None:
         """Start every host's agent; ``defects[node]``: an Agent method that raises there (a
@@ -135,6 +137,7 @@ class Cluster:
                 args += [f"--{name}", str(value)]
             args += ["--", sys.executable, str(self.tmp / "launcher.py"), str(node)]
             env = {**os.environ, "FAKE_RANK": str(self.tmp / "rank.py"), "PYTHONPATH": str(ROOT)}
+            env["TMPDIR"] = str(self.tmpdir)  # where the agents keep their heartbeat files
             env.update({f"FAKE_{r}": m for r, m in modes.items()})
             out = subprocess.PIPE
             self.procs.append(

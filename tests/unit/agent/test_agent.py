@@ -39,6 +39,7 @@ def test_completed_run_records_every_host_and_writes_the_report(cluster):
     assert table == report_lines(summary, 0.9, c.hosts, 1)
     assert "STRAGGLER" in table[3]
     assert (c.run_dir / "report.png").read_bytes().startswith(b"\x89PNG")
+    assert list(c.tmpdir.iterdir()) == []  # each agent removed its ranks' heartbeat files
 
 
 def test_a_late_host_is_waited_for_after_a_completed_run(cluster):
@@ -101,6 +102,7 @@ def test_an_error_of_the_agent_itself_fails_the_run_naming_its_host(cluster):
     while (left := processes_under(c.tmp)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"launchers or ranks outlived their agents: {left}"
+    assert list(c.tmpdir.iterdir()) == []  # the failed agent removed its heartbeat files too
 
 
 def processes_under(folder: Path) -> list[str]:
