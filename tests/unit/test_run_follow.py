@@ -1,7 +1,7 @@
-"""roles/trainer_run/action_plugins/ddpfleet_run_follow.py: the read command (run for real with
-/bin/sh on a run directory), parsing, outcomes (progress.json's status word, which the agents
-write: tests/unit/agent), the progress and status lines, and the follow loop fed with fake
-command results."""
+"""trainer/agent/follow.py and its plugin, roles/trainer_run/action_plugins/ddpfleet_run_follow.py:
+the read command (trainer/agent/reader.py, run for real with /bin/sh on a run directory),
+parsing, outcomes (progress.json's status word, which the agents write: tests/unit/agent), the
+progress and status lines, and the follow loop fed with fake command results."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from unittest import mock
 
 import pytest
 from plugin_loader import load_plugin, node_shell
+
+from trainer.agent import follow as view
 
 follow = load_plugin(
     "ddpfleet_run_follow", "roles/trainer_run/action_plugins/ddpfleet_run_follow.py"
@@ -56,7 +58,7 @@ def files(exits=(), summary=None, prog=None, attempt="a2") -> dict:
 
 
 def snap(**kw) -> dict:
-    return follow.snapshot(files(**kw), "r", HOSTS, "")
+    return view.snapshot(files(**kw), "r", HOSTS, "")
 
 
 def ended(status: str, **more) -> dict:
@@ -80,9 +82,9 @@ def open_dir() -> Iterator[Path]:
 
 
 def read(run_dir: Path, uid: int = NOBODY, gid: int = NOBODY) -> dict:
-    cmd = follow.read_command(str(run_dir), uid, gid)
+    cmd = view.read_command(str(run_dir), uid, gid)
     proc = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, check=True)
-    return follow.parse(proc.stdout)
+    return view.parse(proc.stdout)
 
 
 def test_read_command_prints_every_record_and_parse_reads_them_back(open_dir: Path):
@@ -100,7 +102,7 @@ def test_read_command_prints_every_record_and_parse_reads_them_back(open_dir: Pa
 
 
 def test_read_command_of_a_missing_run_dir_prints_nothing(tmp_path: Path):
-    cmd = follow.read_command(str(tmp_path / "absent"), NOBODY, NOBODY)
+    cmd = view.read_command(str(tmp_path / "absent"), NOBODY, NOBODY)
     proc = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, check=False)
     assert (proc.returncode, proc.stdout) == (0, "")
 
@@ -161,11 +163,11 @@ def test_a_run_is_going_until_progress_json_says_it_ended():
 def test_progress_line_of_a_program_without_heartbeats_says_how_long_it_runs():
     p = {"step": 0, "program": "x.py", "elapsed_sec": 125.0,
          "hosts": {"node1": "running", "node2": "running", "node3": "exited"}}  # fmt: skip
-    assert follow.progress_line("r", p, HOSTS) == (
+    assert view.progress_line("r", p, HOSTS) == (
         "run r: running 2m05s (no progress reported), hosts running 2/3: node3 exited"
     )
     beating = {**p, "phase": "train", "step": 3}
-    assert follow.progress_line("r", beating, HOSTS).startswith("run r: step 3, loss ?")
+    assert view.progress_line("r", beating, HOSTS).startswith("run r: step 3, loss ?")
 
 
 @pytest.mark.parametrize(
@@ -186,7 +188,7 @@ def test_records_of_an_earlier_attempt_do_not_count():
 
 
 def test_progress_line():
-    assert follow.progress_line("r", progress(), HOSTS) == (
+    assert view.progress_line("r", progress(), HOSTS) == (
         "run r: step 40/100 (40%), loss 6.1234, 55.2 img/s, ETA 1m05s, "
         "hosts running 3/3 (phase train)"
     )
@@ -194,7 +196,7 @@ def test_progress_line():
 
 def test_progress_line_names_hosts_not_running_and_unknown_values():
     p = {"step": 0, "hosts": {"node1": "running", "node2": "starting"}}
-    assert follow.progress_line("r", p, HOSTS) == (
+    assert view.progress_line("r", p, HOSTS) == (
         "run r: step 0, loss ?, ? img/s, ETA ?, hosts running 1/3: node2 starting, node3 unknown"
         " (phase ?)"
     )
@@ -204,7 +206,7 @@ def test_progress_line_names_hosts_not_running_and_unknown_values():
     ("sec", "text"), [(None, "?"), (-1, "?"), (44.6, "45s"), (65, "1m05s"), (7380, "2h03m")]
 )
 def test_duration(sec, text):
-    assert follow.duration(sec) == text
+    assert view.duration(sec) == text
 
 
 @pytest.mark.parametrize(
@@ -222,13 +224,11 @@ def test_duration(sec, text):
     ],
 )
 def test_run_status(containers, kw, status):
-    assert follow.run_status(snap(**kw), containers) == status
+    assert view.run_status(snap(**kw), containers) == status
 
 
 def test_run_status_of_a_run_never_launched_is_absent():
-    assert (
-        follow.run_status(follow.snapshot({}, "r", HOSTS, ""), dict.fromkeys(HOSTS, "")) == "absent"
-    )
+    assert view.run_status(view.snapshot({}, "r", HOSTS, ""), dict.fromkeys(HOSTS, "")) == "absent"
 
 
 def test_status_lines():
@@ -245,7 +245,7 @@ def test_status_lines():
         prog=progress(step=7, hosts={"node1": "exited", "node2": "silent"}),
     )
     containers = {"node1": "", "node2": "", "node3": "exited"}
-    assert follow.status_lines("r", "failed", s, containers) == [
+    assert view.status_lines("r", "failed", s, containers) == [
         "run r: failed",
         "node1: container absent; agent exit code 1 (failed)",
         "node2: container absent",
@@ -274,7 +274,7 @@ class Clock:
 
 
 def render(records: dict) -> str:
-    return "".join(f"{follow.MARK} {name}\n{json.dumps(rec)}\n" for name, rec in records.items())
+    return "".join(f"{view.MARK} {name}\n{json.dumps(rec)}\n" for name, rec in records.items())
 
 
 def run_action(reads: list, **args) -> tuple[dict, list[str], list[str]]:
@@ -323,7 +323,7 @@ def test_follow_prints_a_line_per_step_change_and_returns_the_outcome():
     ]
     assert result["lines"] == shown
     assert len(commands) == 5
-    assert all(c == follow.read_command("/runs/r", 2000, 2000) for c in commands)
+    assert all(c == view.read_command("/runs/r", 2000, 2000) for c in commands)
 
 
 def test_follow_returns_once_progress_json_says_the_run_ended():

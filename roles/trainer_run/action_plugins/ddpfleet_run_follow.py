@@ -12,17 +12,20 @@ shown).
 
 from __future__ import annotations
 
-import json
-import shlex
+import sys
 import time
+from pathlib import Path
 
 from ansible.errors import AnsibleConnectionFailure
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
+# The run's records and lines are read by trainer.agent.follow (this checkout's copy, first on
+# the path: a controller venv may hold another "trainer").
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from trainer.agent.follow import parse, read_command, run_status, snapshot, status_lines
+
 display = Display()
-MARK = "@@ddpfleet-file@@"
-ENDED = ("completed", "failed", "stopped")
 SPEC = {
     "run_dir": {"type": "str", "required": True},
     "run_id": {"type": "str", "required": True},
@@ -35,146 +38,6 @@ SPEC = {
     "owner_uid": {"type": "int", "required": True},
     "owner_gid": {"type": "int", "required": True},
 }
-
-
-# Run by the node's python3 as root, over the task's connection: drop to the storage owner's
-# uid and gid with no supplementary groups (what the ranks themselves may read), then read the
-# records without following a link (a container may plant one: nodes/x.exit -> /etc/shadow),
-# regular files only, at most 1 MiB each.
-READER = r"""
-import os, stat, sys
-run_dir, uid, gid, mark = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-if os.getuid() != 0:
-    sys.exit("needs root on the node to act as the storage's owner: log in as root, or as a "
-             "sudo user with ansible_become: true")
-os.setgroups([])
-os.setgid(gid)
-os.setuid(uid)
-NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-out = sys.stdout.buffer
-def opendir(name, parent=None):
-    try:
-        return os.open(name, NOFOLLOW | os.O_DIRECTORY, dir_fd=parent)
-    except OSError:
-        return None
-def emit(shown, parent, name):
-    try:
-        fd = os.open(name, NOFOLLOW, dir_fd=parent)
-    except OSError:
-        return
-    with os.fdopen(fd, "rb") as fh:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            out.write(("%s %s\n" % (mark, shown)).encode() + fh.read(1 << 20) + b"\n")
-top = opendir(run_dir)
-if top is not None:
-    for name in ("config.json", "summary.json", "progress.json"):
-        emit(name, top, name)
-    nodes = opendir("nodes", top)
-    for name in sorted(os.listdir(nodes)) if nodes is not None else []:
-        if name.endswith(".exit"):
-            emit("nodes/" + name, nodes, name)
-"""
-
-
-def read_command(run_dir: str, uid: int, gid: int) -> str:
-    """One read-only command: each record that exists, behind a marker line."""
-    args = [run_dir, str(uid), str(gid), MARK]
-    return f"python3 -c {shlex.quote(READER)} " + " ".join(shlex.quote(a) for a in args)
-
-
-def parse(out: str) -> dict[str, dict]:
-    """{relative path: JSON object} from read_command's output ({} for a torn file)."""
-    files = {}
-    for chunk in out.split(MARK + " ")[1:]:
-        name, _, body = chunk.partition("\n")
-        try:
-            data = json.loads(body)
-        except ValueError:
-            data = {}
-        files[name.strip()] = data if isinstance(data, dict) else {}
-    return files
-
-
-def snapshot(files: dict, run_id: str, hosts: list[str], attempt: str) -> dict:
-    """The records of one attempt (config.json's when attempt is empty), its progress line and
-    its outcome: progress.json's status once it says the run ended, else None."""
-    config, summary = files.get("config.json", {}), files.get("summary.json", {})
-    attempt = attempt or str(config.get("attempt", ""))
-    exits = {h: files.get(f"nodes/{h}.exit") or {} for h in hosts}
-    exits = {h: e for h, e in exits.items() if e and e.get("attempt", "") == attempt}
-    progress = files.get("progress.json", {})
-    progress = progress if progress.get("attempt", "") == attempt else {}
-    return {
-        "attempt": attempt,
-        "config": config,
-        "summary": summary,
-        "exits": exits,
-        "outcome": progress.get("status") if progress.get("status") in ENDED else None,
-        "progress": progress,
-        "line": progress_line(run_id, progress, hosts) if progress else "",
-    }
-
-
-def duration(sec: object) -> str:
-    """45s, 1m05s, 2h03m; ? when unknown."""
-    if not isinstance(sec, (int, float)) or sec < 0:
-        return "?"
-    s = round(sec)
-    if s < 60:
-        return f"{s}s"
-    return f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
-def _num(value: object, fmt: str) -> str:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return format(value, fmt) if ok else "?"
-
-
-def progress_line(run_id: str, p: dict, hosts: list[str]) -> str:
-    """run r: step 40/100 (40%), loss 6.1234, 55.2 img/s, ETA 1m05s, hosts running 3/3
-    (phase train); hosts not running are named (hosts running 2/3: node3 silent)."""
-    step, total = int(p.get("step") or 0), int(p.get("total_steps") or 0)
-    where = f"step {step}/{total} ({100 * step // total}%)" if total > 0 else f"step {step}"
-    states = p.get("hosts") or {}
-    up = [h for h in hosts if states.get(h) == "running"]
-    others = ", ".join(f"{h} {states.get(h, 'unknown')}" for h in hosts if h not in up)
-    if p.get("program") and not p.get("phase"):  # a user's program that writes no heartbeat
-        return (
-            f"run {run_id}: running {duration(p.get('elapsed_sec'))} (no progress reported), "
-            f"hosts running {len(up)}/{len(hosts)}{': ' + others if others else ''}"
-        )
-    return (
-        f"run {run_id}: {where}, loss {_num(p.get('loss'), '.4f')}, "
-        f"{_num(p.get('images_per_sec'), '.1f')} img/s, ETA {duration(p.get('eta_sec'))}, "
-        f"hosts running {len(up)}/{len(hosts)}{': ' + others if others else ''}"
-        f" (phase {p.get('phase') or '?'})"
-    )
-
-
-def run_status(snap: dict, containers: dict) -> str:
-    """running (a container runs), progress.json's status word once the run ended (else
-    summary.json's), unknown (launched, nothing recorded since) or absent (never launched)."""
-    if "running" in containers.values():
-        return "running"
-    status = snap["outcome"] or snap["summary"].get("status")
-    return status if status in ENDED else ("unknown" if snap["config"] else "absent")
-
-
-def status_lines(run_id: str, status: str, snap: dict, containers: dict) -> list[str]:
-    """status.yml's report: the run, each host's container and agent exit, progress, summary."""
-    lines = [f"run {run_id}: {status}"]
-    for host, state in containers.items():
-        e = snap["exits"].get(host)
-        code = f"; agent exit code {e.get('exit_code')} ({e.get('outcome')})" if e else ""
-        lines.append(f"{host}: container {state or 'absent'}{code}")
-    lines += [snap["line"]] if snap["line"] else []
-    s = snap["summary"]
-    if s:
-        lines.append(
-            f"summary: status {s.get('status', '?')}, steps {s.get('steps', '?')}, "
-            f"world size {s.get('world_size', '?')}, img/s {s.get('images_per_sec', '?')}"
-        )
-    return lines + ([f"cause: {s['cause']}"] if s.get("cause") else [])
 
 
 class ActionModule(ActionBase):
