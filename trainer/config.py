@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import NoReturn
 
-from trainer.options import OPTIONS, Option, flag_options
+from trainer.options import OPTIONS, Option, as_bool, flag_options
 
 CPU_BATCH, CUDA_BATCH = 32, 256  # --batch-size 0: per rank, by the rank's device
 
@@ -156,3 +156,36 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     if cfg.synthetic and cfg.num_classes == 0:
         cfg.num_classes = 1000
     return cfg
+
+
+# Flags that are switches: store_true (off by default: present or absent) or
+# BooleanOptionalAction (on by default: --x or --no-x), as get_args_parser builds them.
+_STORE_TRUE = frozenset(o.dest for o in flag_options() if o.type == "bool" and not o.default)
+_BOOLEAN_OPTIONAL = frozenset(o.dest for o in flag_options() if o.type == "bool" and o.default)
+
+
+def command_options(values: dict, derived: dict) -> dict:
+    """The trainer's options ({dest: value}) from the train_* values: each option with a
+    trainer flag (train_batch_size -> batch_size), then ``derived`` (what the role works out:
+    data_dir, output_dir, batch_weights) over them."""
+    return {o.dest: values[o.name] for o in flag_options()} | dict(derived)
+
+
+def command_args(options: dict) -> list[str]:
+    """{'batch_size': 8, 'synthetic': True, 'data_dir': ''} -> ['--batch-size', '8', '--synthetic'],
+    the command line get_args_parser reads back. Empty strings and None are left out (the
+    trainer's own default applies); ValueError for a value that is no scalar or no boolean."""
+    args: list[str] = []
+    for name in sorted(options):
+        value, flag = options[name], "--" + name.replace("_", "-")
+        if name in _STORE_TRUE:
+            args += [flag] if as_bool(value) else []
+        elif name in _BOOLEAN_OPTIONAL:
+            args.append(flag if as_bool(value) else "--no-" + flag[2:])
+        elif value is None or value == "":
+            continue
+        elif isinstance(value, (dict, list)):
+            raise ValueError(f"train_{name} must be a scalar, got {type(value).__name__}")
+        else:
+            args += [flag, str(value).lower() if isinstance(value, bool) else str(value)]
+    return args

@@ -1,6 +1,6 @@
-"""Filters of the trainer_run role: the trainer's options and command line (from the one
-declaration, trainer/options.py), peers and ulimits. The option checks are the
-ddpfleet_run_validate action's."""
+"""Filters of the trainer_run role: the trainer's options and command line (trainer.config,
+from the one declaration in trainer/options.py), peers, fabric and ulimits. The option checks
+are the ddpfleet_run_validate action's."""
 
 from __future__ import annotations
 
@@ -10,16 +10,8 @@ from pathlib import Path
 from ansible.errors import AnsibleFilterError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # this checkout's trainer package
-from trainer.options import as_bool, flag_options
-
-# Trainer flags that are switches: store_true (off by default: present or absent) or
-# BooleanOptionalAction (on by default: --x or --no-x), as the trainer's parser builds them.
-STORE_TRUE = frozenset(o.dest for o in flag_options() if o.type == "bool" and not o.default)
-BOOLEAN_OPTIONAL = frozenset(o.dest for o in flag_options() if o.type == "bool" and o.default)
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+from trainer.config import command_args, command_options
+from trainer.options import as_bool
 
 
 def _truthy(value: object) -> bool:
@@ -30,33 +22,16 @@ def _truthy(value: object) -> bool:
 
 
 def trainer_options(values: dict, derived: dict) -> dict:
-    """The trainer's options ({dest: value}) from the train_* values: each option with a
-    trainer flag (train_batch_size -> batch_size), then ``derived`` (what the role works out:
-    data_dir, output_dir, batch_weights) over them."""
-    return {o.dest: values[o.name] for o in flag_options()} | dict(derived)
+    """trainer.config.command_options: the trainer's {dest: value} from the train_* values."""
+    return command_options(values, derived)
 
 
 def trainer_args(options: dict) -> list[str]:
-    """{'batch_size': 8, 'synthetic': True, 'data_dir': ''} -> ['--batch-size', '8', '--synthetic'].
-
-    Empty strings and None are left out (the trainer's own default applies).
-    """
-    args: list[str] = []
-    for name in sorted(options):
-        value = options[name]
-        if name in STORE_TRUE:
-            if _truthy(value):
-                args.append(_flag(name))
-        elif name in BOOLEAN_OPTIONAL:
-            args.append(_flag(name) if _truthy(value) else "--no-" + _flag(name)[2:])
-        elif value is None or value == "":
-            continue
-        elif isinstance(value, (dict, list)):
-            raise AnsibleFilterError(f"train_{name} must be a scalar, got {type(value).__name__}")
-        else:
-            args.append(_flag(name))
-            args.append(str(value).lower() if isinstance(value, bool) else str(value))
-    return args
+    """trainer.config.command_args: the trainer's command line from its options."""
+    try:
+        return command_args(options)
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from None
 
 
 def peers(hosts: list[str], hostvars: object) -> list[dict]:
