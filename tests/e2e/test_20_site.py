@@ -108,38 +108,6 @@ def test_docker_keeps_foreign_daemon_json_keys(provisioned: PlaybookRun, sandbox
         sandbox.ssh(node, restore)
 
 
-def test_docker_only_reloads_under_a_training_container(
-    provisioned: PlaybookRun, sandbox: Any
-) -> None:
-    """A daemon.json change while a run_id-labelled container runs keeps dockerd's PID."""
-    node = sandbox.nodes[-1]
-    image = sandbox.ssh(node, "cat /etc/ddpfleet/trainer_image").stdout.strip()
-    assert image, "no trainer image recorded on the node"
-    started = sandbox.ssh(
-        node,
-        "docker run -d --name ddpfleet-e2e-guard --label io.ddpfleet.run_id=e2e-guard "
-        f"--entrypoint sleep {image} 600",
-    )
-    assert started.returncode == 0, started.stderr
-    pid = "systemctl show --property=MainPID --value docker"
-    before = sandbox.ssh(node, pid).stdout.strip()
-    try:
-        run = run_site(
-            sandbox, "--limit", node.name, "--tags", "docker", "-e", "docker_log_max_file=6"
-        )
-        assert run.rc == 0, run.tail()
-        assert "dockerd was only reloaded" in run.stdout
-        assert sandbox.ssh(node, pid).stdout.strip() == before
-        daemon = json.loads(sandbox.ssh(node, "cat /etc/docker/daemon.json").stdout)
-        assert daemon["log-opts"]["max-file"] == "6"
-    finally:
-        sandbox.ssh(node, "docker rm -f ddpfleet-e2e-guard")
-        restored = run_site(sandbox, "--limit", node.name, "--tags", "docker")
-    assert restored.rc == 0, restored.tail()
-    daemon = json.loads(sandbox.ssh(node, "cat /etc/docker/daemon.json").stdout)
-    assert daemon["log-opts"]["max-file"] == "5"
-
-
 # --- hardening (issue 11): secrets in --diff, certificate renewal, daemon.json validation,
 # --- held-back dockerd restarts, the image build lock ---------------------------------------
 
@@ -173,43 +141,39 @@ def _sign_short_lived(secrets: Path, days: int) -> None:
     (secrets / "registry.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
-def test_registry_diff_shows_no_key_material(provisioned: PlaybookRun, sandbox: Any) -> None:
-    """--diff of the registry tasks, with the key and htpasswd on the node drifted so that
-    the tasks that handle them do change: nothing secret is printed, and both are repaired."""
+def test_registry_repairs_drift_and_reissues_a_certificate_without_showing_secrets(
+    provisioned: PlaybookRun, sandbox: Any
+) -> None:
+    """One --diff run of the registry tasks, with the key and htpasswd drifted on the node and
+    the controller's certificate 10 days from expiry: nothing secret is printed, both files
+    are repaired, and a new certificate is issued, installed and served, and still verifies."""
     first = sandbox.nodes[0]
     drift = (
         "printf '\\n' >> /etc/docker/registry/registry.key && "
         "echo 'intruder:$2y$05$abcdefghijklmnopqrstuu' >> /etc/docker/registry/htpasswd"
     )
     assert sandbox.ssh(first, drift).returncode == 0
+    secrets = _secrets(sandbox)
+    _sign_short_lived(secrets, days=10)
     run = run_site(sandbox, "--tags", "registry", "--diff")
     assert run.rc == 0, run.tail()
     out = run.stdout + run.stderr
-    password = (_secrets(sandbox) / "registry_password").read_text().strip()
+    password = (secrets / "registry_password").read_text().strip()
     assert "PRIVATE KEY" not in out
     assert password not in out
     for marker in ("$2y$", "$2b$", "$2a$", "intruder"):
         assert marker not in out
     assert run.recap[first.name]["changed"] >= 1  # the key and htpasswd were repaired
     key = sandbox.ssh(first, "cat /etc/docker/registry/registry.key").stdout
-    assert key == (_secrets(sandbox) / "registry.key").read_text()
+    assert key == (secrets / "registry.key").read_text()
     assert "intruder" not in sandbox.ssh(first, "cat /etc/docker/registry/htpasswd").stdout
-
-
-def test_registry_certificate_close_to_expiry_is_reissued(
-    provisioned: PlaybookRun, sandbox: Any
-) -> None:
-    secrets = _secrets(sandbox)
-    _sign_short_lived(secrets, days=10)
-    run = run_site(sandbox, "--tags", "registry")
-    assert run.rc == 0, run.tail()
     now = dt.datetime.now(dt.timezone.utc)
     cert = x509.load_pem_x509_certificate((secrets / "registry.crt").read_bytes())
     assert cert.not_valid_after_utc > now + dt.timedelta(days=700)
-    installed = sandbox.ssh(sandbox.nodes[0], "cat /etc/docker/registry/registry.crt").stdout
+    installed = sandbox.ssh(first, "cat /etc/docker/registry/registry.crt").stdout
     assert installed == (secrets / "registry.crt").read_text()
     # The restarted registry serves it, and every node still verifies and pulls.
-    registry = f"{sandbox.nodes[0].ip}:5000"
+    registry = f"{first.ip}:5000"
     served = sandbox.ssh(
         sandbox.nodes[-1],
         f"openssl s_client -connect {registry} </dev/null 2>/dev/null"
@@ -241,6 +205,8 @@ def test_invalid_daemon_json_addition_is_refused_without_replacing_the_file(
 def test_held_back_restart_is_applied_by_the_next_run_without_training(
     provisioned: PlaybookRun, sandbox: Any
 ) -> None:
+    """A daemon.json change while a run_id-labelled container runs only reloads dockerd (same
+    PID, the container lives); the next site.yml without one applies the held-back restart."""
     node = sandbox.nodes[-1]
     image = sandbox.ssh(node, "cat /etc/ddpfleet/trainer_image").stdout.strip()
     started = sandbox.ssh(
@@ -250,13 +216,19 @@ def test_held_back_restart_is_applied_by_the_next_run_without_training(
     )
     assert started.returncode == 0, started.stderr
     pid = "systemctl show --property=MainPID --value docker"
+    reloaded = sandbox.ssh(node, pid).stdout.strip()
     try:
         held = run_site(
             sandbox, "--limit", node.name, "--tags", "docker", "-e", "docker_log_max_file=7"
         )
         assert held.rc == 0, held.tail()
         assert "dockerd was only reloaded" in held.stdout
+        assert sandbox.ssh(node, pid).stdout.strip() == reloaded
+        daemon = json.loads(sandbox.ssh(node, "cat /etc/docker/daemon.json").stdout)
+        assert daemon["log-opts"]["max-file"] == "7"
         assert sandbox.ssh(node, f"test -f {RESTART_MARKER}").returncode == 0
+        running = "docker inspect -f '{{.State.Running}}' ddpfleet-e2e-pending"
+        assert sandbox.ssh(node, running).stdout.strip() == "true"
     finally:
         sandbox.ssh(node, "docker rm -f ddpfleet-e2e-pending")
     before = sandbox.ssh(node, pid).stdout.strip()

@@ -4,11 +4,12 @@ agent on every node.
 A short synthetic run completes with world size = nodes x processes while train.yml follows
 it; with the controller's ansible-playbook killed mid-run, a rank's container killed brings
 every container of the run down within 15 s with nobody following, the failure names that
-host and rank, and the re-run resumes from the newest checkpoint; an ImageFolder run whose
-validation outlasts the heartbeat timeout completes; stop.yml during validation keeps the
-trainer's checkpoint and the run resumes from it; a second train.yml attaches to a running
-run; train_follow=false returns at once and status.yml reports the run later; every bad input
-is refused with one line before anything starts. Prints launch-to-first-step and teardown.
+host and rank, and the re-run (train_follow=false, logged in as root) returns at once,
+resumes from the newest checkpoint and status.yml reports it later; an ImageFolder run whose
+validation outlasts the heartbeat timeout is stopped during validation, keeps the trainer's
+checkpoint, and resumes from it (a second train.yml attaches to it while it runs); every bad
+input is refused with one line before anything starts. Prints launch-to-first-step and
+teardown.
 """
 
 from __future__ import annotations
@@ -247,18 +248,50 @@ def test_status_reports_the_failure_nobody_followed(cluster: Any, killed: dict) 
     assert f"run {rid} failed: host {killed['victim'].name} rank 1" in status.stdout
 
 
-def test_rerun_of_a_failed_run_resumes_from_the_checkpoint(cluster: Any, killed: dict) -> None:
+# Every other run logs in as the sandbox's sudo user (ops), as real clusters do; the re-run of
+# the failed run logs in as root, the option kept for clusters that allow it: its lock, status
+# read and report.
+ROOT_LOGIN = ["-e", "ansible_user=root", "-e", "ansible_become=false"]
+
+
+def test_rerun_of_a_failed_run_resumes_without_following_and_status_reports_it_later(
+    cluster: Any, killed: dict
+) -> None:
+    """The failed run re-run with train_follow=false: train.yml returns at once while the run
+    resumes from the newest checkpoint; node rank 0's agent draws the report with nobody
+    following, and status.yml only reads it."""
     rid = killed["rid"]
-    run = train(cluster, rid, "-e", "train_max_steps=14", "-e", "train_checkpoint_every=2")
+    run = train(
+        cluster, rid, "-e", "train_max_steps=14", "-e", "train_checkpoint_every=2",
+        "-e", "train_follow=false", *ROOT_LOGIN,
+    )  # fmt: skip
     assert run.rc == 0, run.tail()
     assert f"resuming run {rid}" in run.stdout
+    assert f"run {rid} launched; follow it with status.yml -e run_id={rid}" in run.stdout
+    running = containers(cluster, rid)  # train.yml returned while the run goes on
+    assert set(running) == {n.name for n in cluster.nodes}
+    print(f"\ntrain.yml -e train_follow=false: {run.wall_s:.1f} s including preflight")
+    assert run.wall_s < 120
+    deadline = time.monotonic() + 300
+    while progress(cluster, rid).get("state") != "ended" or containers(cluster, rid):
+        assert time.monotonic() < deadline, progress(cluster, rid)
+        time.sleep(2)
+    assert progress(cluster, rid)["status"] == "completed"
     data = summary(cluster, rid)
     assert data["status"] == "completed"
     assert data["steps"] == 14
     assert data["resumed_from_step"] >= 2
+    head = cluster.ssh(cluster.nodes[0], f"head -c 8 {SHARED}/runs/{rid}/report.png | od -An -c")
+    assert "P   N   G" in head.stdout
+    later = run_site(cluster, "-e", f"run_id={rid}", *ROOT_LOGIN, playbook="status.yml")
+    assert later.rc == 0, later.tail()
+    assert f"run {rid}: completed" in later.stdout
+    assert re.search(r"^\s*\"?\s*total\s+\d+\.\d", later.stdout, re.M), later.tail()
+    assert later.changed_hosts() == {}
 
 
 # --- ImageFolder data on the shared storage, with a validation split that takes a while -------
+# (the stopped and resumed run below is the tier's ImageFolder run)
 
 HB_TIMEOUT = 5  # the smallest heartbeat timeout train.yml accepts
 
@@ -278,12 +311,6 @@ def make_dataset(cluster: Any, name: str, *args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def dataset(cluster: Any) -> str:
-    return make_dataset(cluster, f"e2e-{STAMP}", "--classes 4 --train-per-class 12",
-                        "--val-per-class 4 --size 48")  # fmt: skip
-
-
-@pytest.fixture(scope="module")
 def long_val(cluster: Any) -> str:
     """Few training images, many validation images: validation outlasts HB_TIMEOUT."""
     return make_dataset(cluster, f"e2e-{STAMP}-val", "--classes 4 --train-per-class 12",
@@ -299,23 +326,6 @@ def long_val(cluster: Any) -> str:
 LONG_VAL = ["-e", "train_synthetic=false", "-e", "train_batch_size=4", "-e", "train_arch=resnet18",
             "-e", "train_image_size=64", "-e", "train_max_steps=0",
             "-e", f"train_heartbeat_timeout={HB_TIMEOUT}"]  # fmt: skip
-
-
-def test_imagefolder_run_on_shared_storage(cluster: Any, dataset: str) -> None:
-    rid = run_id("folder")
-    run = train(
-        cluster, rid, "-e", "train_synthetic=false", "-e", f"train_data_dir={dataset}",
-        "-e", "train_max_steps=0", "-e", "train_epochs=1", "-e", "train_batch_size=4",
-    )  # fmt: skip
-    assert run.rc == 0, run.tail()
-    data = summary(cluster, rid)
-    assert data["status"] == "completed"
-    assert data["world_size"] == len(cluster.nodes)
-    assert data["steps"] == 48 // (4 * len(cluster.nodes))
-    assert data["final_accuracy"] is not None
-    # the image's region JPEG decoder did the decoding (built in the Dockerfile's jpeg stage)
-    assert data["decode"] == "cpu"
-    assert data["jpeg_region_decoder"] is True
 
 
 # --- stop during validation, attach, resume ---------------------------------------------------
@@ -397,6 +407,11 @@ def test_train_resumes_a_stopped_run(stopped: dict, resumed: PlaybookRun, cluste
     assert data["status"] == "completed"
     assert data["resumed_from_step"] == 4
     assert data["steps"] == 8
+    assert data["world_size"] == len(cluster.nodes)
+    assert data["final_accuracy"] is not None
+    # the image's region JPEG decoder did the decoding (built in the Dockerfile's jpeg stage)
+    assert data["decode"] == "cpu"
+    assert data["jpeg_region_decoder"] is True
 
 
 def validation_seconds(cluster: Any, rid: str) -> float:
@@ -425,38 +440,6 @@ def test_validation_longer_than_the_heartbeat_timeout_is_no_stall(
     took = validation_seconds(cluster, stopped["rid"])
     print(f"\nvalidation pass: {took:.0f} s with a heartbeat timeout of {HB_TIMEOUT} s")
     assert took > HB_TIMEOUT  # otherwise this run proves nothing: make the split bigger
-
-
-# --- train_follow=false --------------------------------------------------------------------
-
-
-# Every other run logs in as the sandbox's sudo user (ops), as real clusters do; this one logs
-# in as root, the option kept for clusters that allow it: its lock, status read and report.
-ROOT_LOGIN = ["-e", "ansible_user=root", "-e", "ansible_become=false"]
-
-
-def test_no_follow_returns_at_once_and_status_reports_the_run_later(cluster: Any) -> None:
-    rid = run_id("nofollow")
-    run = train(cluster, rid, "-e", "train_follow=false", "-e", "train_max_steps=15", *ROOT_LOGIN)
-    assert run.rc == 0, run.tail()
-    assert f"run {rid} launched; follow it with status.yml -e run_id={rid}" in run.stdout
-    running = containers(cluster, rid)  # train.yml returned while the run goes on
-    assert set(running) == {n.name for n in cluster.nodes}
-    print(f"\ntrain.yml -e train_follow=false: {run.wall_s:.1f} s including preflight")
-    assert run.wall_s < 120
-    deadline = time.monotonic() + 300
-    while progress(cluster, rid).get("state") != "ended" or containers(cluster, rid):
-        assert time.monotonic() < deadline, progress(cluster, rid)
-        time.sleep(2)
-    assert progress(cluster, rid)["status"] == "completed"
-    # node rank 0's agent drew the report with nobody following: status.yml only reads it
-    head = cluster.ssh(cluster.nodes[0], f"head -c 8 {SHARED}/runs/{rid}/report.png | od -An -c")
-    assert "P   N   G" in head.stdout
-    first = run_site(cluster, "-e", f"run_id={rid}", *ROOT_LOGIN, playbook="status.yml")
-    assert first.rc == 0, first.tail()
-    assert f"run {rid}: completed" in first.stdout
-    assert re.search(r"^\s*\"?\s*total\s+\d+\.\d", first.stdout, re.M), first.tail()
-    assert first.changed_hosts() == {}
 
 
 # --- bad input: one line, nothing started -------------------------------------------------------
