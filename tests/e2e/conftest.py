@@ -40,7 +40,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `python -m sandbox` lives at the repository root
     sys.path.insert(0, str(ROOT))
 
-from site_fixtures import provisioned  # noqa: E402, F401 - `provisioned`: site.yml applied once
+# `provisioned`: site.yml applied once; FIRST_SITE_SLOWEST: its slowest tasks, for the summary
+from site_fixtures import FIRST_SITE_SLOWEST, provisioned  # noqa: E402, F401
 from train_fixtures import cluster  # noqa: E402, F401 - `cluster`: provisioned, cleaned after
 
 from sandbox.settings import make_settings  # noqa: E402
@@ -165,3 +166,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.section("e2e time per module")
     for path, (start, end, tests) in _MODULE_SPANS.items():
         terminalreporter.write_line(f"{end - start:7.0f} s {int(tests):4d} tests  {path}")
+    if FIRST_SITE_SLOWEST:
+        terminalreporter.section("first site.yml: slowest tasks")
+        for line in FIRST_SITE_SLOWEST:
+            terminalreporter.write_line(line)

@@ -66,10 +66,23 @@ def run_site(sandbox: Any, *args: str, playbook: str = "site.yml") -> PlaybookRu
     )
 
 
+# The first site.yml's slowest tasks (ansible.cfg's profile_tasks recap), for the tier's
+# closing summary: where the longest step of CI goes.
+FIRST_SITE_SLOWEST: list[str] = []
+
+
+def slowest_tasks(stdout: str, count: int = 15) -> list[str]:
+    """The first ``count`` lines of profile_tasks' recap ("role : task ---- 12.34s")."""
+    return [ln.strip() for ln in stdout.splitlines() if re.search(r" -{3,} +\d+\.\d+s$", ln)][
+        :count
+    ]
+
+
 @pytest.fixture(scope="session")
 def provisioned(sandbox: Any) -> PlaybookRun:
     """site.yml applied once; fails every dependent test with the run's tail if it failed."""
     run = run_site(sandbox)
+    FIRST_SITE_SLOWEST[:] = slowest_tasks(run.stdout)
     print(f"\nsite.yml first run: {run.wall_s:.1f} s, rc {run.rc}")
     if run.rc != 0:
         pytest.fail(f"site.yml failed (rc {run.rc}):\n{run.tail()}", pytrace=False)
