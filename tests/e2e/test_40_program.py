@@ -4,7 +4,9 @@ The program is examples/ddp_linear/train_ddp.py: plain torch.distributed on gloo
 DistributedSampler and DDP, nothing of the trainer package. It runs from a code directory on
 the controller (a copy the test may edit), on every sandbox node, with the agents' guarantees:
 the frozen code copy in the run directory, a killed rank tearing the run down with its host
-named, a resumed run keeping its frozen copy, and a missing program refused up front.
+named, a resumed run keeping its frozen copy, and a missing program refused up front. The
+first run carries a token in train_env and is followed at -vvv: the token is shown nowhere,
+and nothing in the run directory is world-readable.
 """
 
 from __future__ import annotations
@@ -35,10 +37,15 @@ def program(code: Path, *args: str) -> list[str]:
             "-e", json.dumps({"train_program_args": list(args)})]  # fmt: skip
 
 
+# A token in train_env, as a user passes one (issue 27 item 7): the run is followed at -vvv.
+SECRET = f"e2e-token-{STAMP}-5c1e"
+
+
 @pytest.fixture(scope="module")
 def completed(cluster: Any, code_dir: Path) -> dict:
     rid = run_id("prog")
-    run = train(cluster, rid, *program(code_dir, "--epochs", "2"))
+    secret = json.dumps({"train_env": {"DDPFLEET_E2E_TOKEN": SECRET}})
+    run = train(cluster, rid, *program(code_dir, "--epochs", "2"), "-e", secret, "-vvv")
     return {"rid": rid, "run": run}
 
 
@@ -63,6 +70,26 @@ def test_run_directory_holds_the_frozen_code_copy(cluster: Any, completed: dict)
     assert run_file(cluster, rid, f"code/{SCRIPT}") == (EXAMPLE / SCRIPT).read_text()
     config = json.loads(run_file(cluster, rid, "config.json"))
     assert (config["program"], config["program_args"]) == (SCRIPT, ["--epochs", "2"])
+
+
+def test_a_train_env_token_is_never_shown_nor_world_readable(cluster: Any, completed: dict) -> None:
+    rid, run = completed["rid"], completed["run"]
+    assert run.rc == 0, run.tail()
+    assert SECRET not in run.stdout + run.stderr  # at -vvv
+    config = run_file(cluster, rid, "config.json")
+    assert SECRET not in config
+    assert json.loads(config)["options"]["train_env"] == {"DDPFLEET_E2E_TOKEN": "(hidden)"}
+    run_dir = f"{SHARED}/runs/{rid}"
+    modes = cluster.ssh(cluster.nodes[0], f"stat -c '%a %n' {run_dir}/config.json {run_dir}/code")
+    assert modes.stdout.split() == ["640", f"{run_dir}/config.json", "750", f"{run_dir}/code"]
+    # what the agents, the ranks and Ansible wrote (lib/: the agent's own code, public)
+    readable = cluster.ssh(
+        cluster.nodes[0], f"find {run_dir} -type f -perm /o=r ! -path '{run_dir}/lib/*'"
+    )
+    assert readable.returncode == 0, readable.stderr
+    assert readable.stdout.split() == [], readable.stdout
+    found = cluster.ssh(cluster.nodes[0], f"grep -rl -- {SECRET} {run_dir}")
+    assert found.stdout.split() == [], found.stdout
 
 
 def test_user_program_reports_progress_through_the_helper(completed: dict) -> None:

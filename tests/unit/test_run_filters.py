@@ -113,3 +113,11 @@ def test_peers_need_a_cluster_ip():
 )
 def test_ulimits_are_capped_to_what_the_engine_grants(granted, expected):
     assert filters.ulimits({"memlock": -1, "stack": 67108864}, granted) == expected
+
+
+def test_train_env_values_are_hidden_and_its_names_kept():
+    assert filters.hide_values({"HF_TOKEN": "hf_secret", "NCCL_DEBUG": "INFO"}) == {
+        "HF_TOKEN": "(hidden)",
+        "NCCL_DEBUG": "(hidden)",
+    }
+    assert filters.hide_values({}) == {}

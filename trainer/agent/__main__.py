@@ -15,6 +15,10 @@ def main(argv: list[str] | None = None) -> int:
     except BadAgentInput as exc:
         sys.stderr.write(f"trainer.agent: error: {exc}\n")
         return 2
+    # Nothing the run writes is world-readable (its logs carry the command line, whose
+    # program arguments may be secrets): the agent's files and its ranks' are 0640 / 0750,
+    # readable by the storage owner's group.
+    os.umask(0o027)
     # The store client logs a C++ stack trace for every lost connection; the agent reports
     # those in one line itself. The ranks get the user's setting back.
     child_env = dict(os.environ)

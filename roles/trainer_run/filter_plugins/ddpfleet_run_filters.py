@@ -76,6 +76,12 @@ def fabric(ib_devices: list, settings: dict, numa_binding: str = "", gpus: int =
     }
 
 
+def hide_values(mapping: dict) -> dict:
+    """{name: "(hidden)"} for each name: what a record may say of train_env (its values may be
+    tokens; the run's containers get them from the task, never from a file)."""
+    return dict.fromkeys(sorted(mapping or {}), "(hidden)")
+
+
 def ulimits(wanted: dict, granted: dict) -> list[str]:
     """docker_container ulimits ('name:soft:hard'): each wanted value (-1 = unlimited) capped
     to what the engine may grant (-1 = anything)."""
@@ -97,4 +103,5 @@ class FilterModule:
             "ddpfleet_peers": peers,
             "ddpfleet_ulimits": ulimits,
             "ddpfleet_fabric": fabric,
+            "ddpfleet_hide_values": hide_values,
         }

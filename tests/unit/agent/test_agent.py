@@ -40,6 +40,12 @@ def test_completed_run_records_every_host_and_writes_the_report(cluster):
     assert "STRAGGLER" in table[3]
     assert (c.run_dir / "report.png").read_bytes().startswith(b"\x89PNG")
     assert list(c.tmpdir.iterdir()) == []  # each agent removed its ranks' heartbeat files
+    # nothing the agents wrote is world-readable (the logs carry the command line)
+    written = [*(c.run_dir / "nodes").iterdir(), *(c.run_dir / n for n in ("progress.json",
+               "report.txt", "report.png"))]  # fmt: skip
+    assert {p.name: oct(p.stat().st_mode & 0o007) for p in written} == {
+        p.name: "0o0" for p in written
+    }
 
 
 def test_a_late_host_is_waited_for_after_a_completed_run(cluster):
