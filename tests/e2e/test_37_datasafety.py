@@ -2,6 +2,7 @@
 
 A run whose learning rate makes it diverge fails, names the step and keeps only finite
 checkpoints, and a re-run with a sane learning rate resumes from the last good one.
+Links planted in its run directory make train.yml refuse it, naming them.
 ``train_resume=never`` on that used run is refused without touching it; restarted with
 ``train_resume=archive`` it moves the old checkpoints aside and starts at step 0.
 """
@@ -67,6 +68,29 @@ def test_diverged_run_kept_only_checkpoints_before_the_step(cluster: Any, diverg
     assert s["last_checkpoint"] == f"checkpoints/step-{max(steps):09d}.pt"
     log = run_file(cluster, rid, "logs/rank-0.log")
     assert f"training failed: {s['error']}" in log
+
+
+def test_links_planted_in_the_run_directory_are_refused_before_anything_starts(
+    cluster: Any, diverged
+) -> None:
+    """Links where ddpfleet writes or reads (as a program in the run's container could plant
+    them) make train.yml refuse the run, naming them, before any preflight or write."""
+    rid, _, _ = diverged
+    run_dir = f"{SHARED}/runs/{rid}"
+    before = checkpoint_files(cluster, rid)
+    plant = f"ln -s /etc/shadow {run_dir}/nodes/planted.exit && ln -s /etc {run_dir}/lib"
+    assert cluster.ssh(cluster.nodes[0], plant).returncode == 0
+    try:
+        run = train(cluster, rid, "-e", "train_lr=0.1")
+    finally:
+        cluster.ssh(cluster.nodes[0], f"rm -f {run_dir}/nodes/planted.exit {run_dir}/lib")
+    assert run.rc != 0
+    said = " ".join(run.stdout.split())  # the YAML callback folds long lines
+    assert "holds links where ddpfleet writes or reads (nodes/planted.exit, lib)" in said, said[
+        -3000:
+    ]
+    assert "Check every trainer before starting anything" not in run.stdout
+    assert checkpoint_files(cluster, rid) == before
 
 
 def test_resume_never_on_the_used_run_is_refused_and_touches_nothing(

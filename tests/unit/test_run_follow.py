@@ -101,6 +101,29 @@ def test_read_command_prints_every_record_and_parse_reads_them_back(open_dir: Pa
     }
 
 
+def test_links_planted_among_ddpfleet_s_files_are_named_and_not_followed(open_dir: Path):
+    """What a program in the run's container could plant: a record, a directory, a file in
+    lib/ turned into links. The reader names each (train.yml refuses the run) and reads no
+    record through them; the program's own links elsewhere are its business."""
+    run_dir = open_dir / "run"
+    (run_dir / "lib" / "agent").mkdir(parents=True)
+    (run_dir / "elsewhere").mkdir()
+    (open_dir / "other.json").write_text('{"attempt": "theirs"}')
+    (run_dir / "config.json").symlink_to(open_dir / "other.json")
+    (run_dir / "nodes").symlink_to(run_dir / "elsewhere")
+    (run_dir / "lib" / "agent" / "x.py").symlink_to("/etc/hostname")
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "latest.pt").symlink_to("step-1.pt")  # a program's own: fine
+    files = read(run_dir)
+    assert files == {"links": {"links": ["config.json", "nodes", "lib/agent/x.py"]}}
+    assert view.snapshot(files, "r", HOSTS, "")["links"] == ["config.json", "nodes",
+                                                             "lib/agent/x.py"]  # fmt: skip
+    (run_dir / "config.json").unlink()
+    (run_dir / "nodes").unlink()
+    (run_dir / "lib" / "agent" / "x.py").unlink()
+    assert "links" not in read(run_dir)
+
+
 def test_read_command_of_a_missing_run_dir_prints_nothing(tmp_path: Path):
     cmd = view.read_command(str(tmp_path / "absent"), NOBODY, NOBODY)
     proc = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, check=False)
@@ -125,7 +148,10 @@ def test_read_follows_no_link_and_reads_as_the_owner_without_root_s_groups(open_
     group_only.write_text('{"attempt": "a1"}')
     group_only.chmod(0o640)
     (run_dir / "progress.json").write_text('{"step": 3}')
-    assert read(run_dir) == {"progress.json": {"step": 3}}
+    assert read(run_dir) == {
+        "progress.json": {"step": 3},
+        "links": {"links": ["summary.json", "nodes/node1.exit"]},  # named, so refused
+    }
     # read as root (uid and gid 0) config.json is there: the owner's read left it out
     assert read(run_dir, 0, 0)["config.json"] == {"attempt": "a1"}
 

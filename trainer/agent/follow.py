@@ -54,6 +54,7 @@ def snapshot(files: dict, run_id: str, hosts: list[str], attempt: str) -> dict:
         "outcome": progress.get("status") if progress.get("status") in ENDED else None,
         "progress": progress,
         "line": progress_line(run_id, progress, hosts) if progress else "",
+        "links": list(files.get("links", {}).get("links") or []),
     }
 
 

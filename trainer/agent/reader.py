@@ -6,13 +6,23 @@ owner's uid and gid with no supplementary groups (what the ranks themselves may 
 prints config.json, summary.json, progress.json and nodes/*.exit, each behind a marker line,
 without following a link (a container may plant one: nodes/x.exit -> /etc/shadow), regular
 files only, at most 1 MiB each. Arguments: run_dir uid gid marker.
+
+It also names every link among what ddpfleet itself writes or reads there (``WATCHED``, and
+anything under nodes/ and lib/), as a record ``links`` ({"links": [...]}, only when there is
+one): train.yml refuses such a run directory rather than act through a link a program in the
+run's container planted (nodes -> /etc, lib/x.py -> another run's file).
 """
 
+import json
 import os
 import stat
 import sys
 
 NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+WATCHED = ("config.json", "summary.json", "progress.json", "metrics.jsonl", "report.txt",
+           "report.png", "nodes", "logs", "checkpoints", "code", "lib")  # fmt: skip
+WALKED = ("nodes", "lib")  # every entry below these, to this depth
+DEPTH = 6
 
 
 def opendir(name, parent=None):
@@ -30,6 +40,39 @@ def emit(out, mark, shown, parent, name):
     with os.fdopen(fd, "rb") as fh:
         if stat.S_ISREG(os.fstat(fd).st_mode):
             out.write(f"{mark} {shown}\n".encode() + fh.read(1 << 20) + b"\n")
+
+
+def links_below(parent, prefix, depth):
+    """Relative names of the links in the directory ``parent`` (an fd) and its directories."""
+    found = []
+    for entry in sorted(os.scandir(parent), key=lambda e: e.name):
+        name = prefix + entry.name
+        if entry.is_symlink():
+            found.append(name)
+        elif entry.is_dir(follow_symlinks=False) and depth > 0:
+            child = opendir(entry.name, parent)
+            if child is not None:
+                found += links_below(child, name + "/", depth - 1)
+                os.close(child)
+    return found
+
+
+def planted_links(top):
+    """The links among WATCHED, and below WALKED, in the run directory ``top`` (an fd)."""
+    found = []
+    for name in WATCHED:
+        try:
+            mode = os.lstat(name, dir_fd=top).st_mode
+        except OSError:
+            continue
+        if stat.S_ISLNK(mode):
+            found.append(name)
+        elif stat.S_ISDIR(mode) and name in WALKED:
+            child = opendir(name, top)
+            if child is not None:
+                found += links_below(child, name + "/", DEPTH)
+                os.close(child)
+    return found
 
 
 def main(run_dir, uid, gid, mark):
@@ -51,6 +94,9 @@ def main(run_dir, uid, gid, mark):
     for name in sorted(os.listdir(nodes)) if nodes is not None else []:
         if name.endswith(".exit"):
             emit(out, mark, "nodes/" + name, nodes, name)
+    links = planted_links(top)
+    if links:
+        out.write(f"{mark} links\n{json.dumps({'links': links})}\n".encode())
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ following a link): no module shipped, nothing written, so stopping the controlle
 touches the run. The run has ended once progress.json's status says so (completed, stopped or
 failed: node rank 0's agent writes it, after summary.json and report.txt). once: a single
 read, with the run's status word and status.yml's lines (containers: {host: docker state or
-''}). Returns outcome, summary, exits, progress, config, attempt and lines (the progress lines
-shown).
+''}). Returns outcome, summary, exits, progress, config, attempt, links (the links planted among
+ddpfleet's own files: trainer/agent/reader.py) and lines (the progress lines shown).
 """
 
 from __future__ import annotations
@@ -98,6 +98,6 @@ class ActionModule(ActionBase):
 
     @staticmethod
     def _done(result: dict, snap: dict, outcome: str, lines: list[str]) -> dict:
-        keep = ("summary", "exits", "progress", "config", "attempt")
+        keep = ("summary", "exits", "progress", "config", "attempt", "links")
         result.update({k: snap[k] for k in keep}, changed=False, outcome=outcome, lines=lines)
         return result
