@@ -90,6 +90,14 @@ def test_a_train_env_token_is_never_shown_nor_world_readable(cluster: Any, compl
     assert readable.stdout.split() == [], readable.stdout
     found = cluster.ssh(cluster.nodes[0], f"grep -rl -- {SECRET} {run_dir}")
     assert found.stdout.split() == [], found.stdout
+    # the agents' key for this attempt: the owner's alone, and shown nowhere either
+    key = cluster.ssh(
+        cluster.nodes[0], f"stat -c '%a %u' {run_dir}/agent.key; cat {run_dir}/agent.key"
+    )
+    mode, key_text = key.stdout.split("\n", 1)
+    assert mode == "600 2000", key.stdout
+    assert len(key_text.strip()) == 64
+    assert key_text.strip() not in run.stdout + run.stderr
 
 
 def test_user_program_reports_progress_through_the_helper(completed: dict) -> None:

@@ -24,6 +24,7 @@ class AgentConfig:
     store_host: str
     store_port: int
     command: list[str]
+    key_file: str = ""  # the run's secret: every store value is signed with it (peers.seal)
     peer_timeout: float = 60.0
     heartbeat_timeout: float = 300.0
     stop_timeout: float = 90.0
@@ -65,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
         "--hosts", required=True, help="inventory names in node-rank order, comma-separated"
     )
     p.add_argument("--store", required=True, help="ADDR:PORT of the run's TCPStore (node rank 0)")
+    p.add_argument(
+        "--key-file", required=True, help="the run's secret (made at launch, 0600): signs the store"
+    )
     p.add_argument("--peer-timeout", type=float, default=60.0)
     p.add_argument("--heartbeat-timeout", type=float, default=300.0)
     p.add_argument("--stop-timeout", type=float, default=90.0)
@@ -126,6 +130,7 @@ def parse_args(argv: list[str]) -> AgentConfig:
         store_host=addr.strip("[]"),
         store_port=int(port),
         command=command,
+        key_file=ns.key_file,
         peer_timeout=ns.peer_timeout,
         heartbeat_timeout=ns.heartbeat_timeout,
         stop_timeout=ns.stop_timeout,

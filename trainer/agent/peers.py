@@ -1,17 +1,26 @@
 """The other hosts' agents, over the run's c10d TCPStore (served by node rank 0's agent).
 
-Keys: ``alive/<n>`` keepalive counter, ``ranks/<n>`` the host's rank views, ``failure`` the
+Keys: ``alive/<n>`` keepalive count, ``ranks/<n>`` the host's rank views, ``failure`` the
 first failure claimed (compare-and-set), ``stop`` a requested stop, ``exit/<n>`` how a host's
 command ended. Ages are measured by each host on its own clock, so clocks need not agree.
+
+The store takes any client on the cluster network, so every value is sealed: the JSON value
+with an HMAC-SHA256 over the key's name and the value, under the run's secret (``--key-file``,
+made at launch, readable by root and the storage owner only). What fails the check, or has
+another shape than agents write, is ignored and named once in the host's log. A keepalive
+counts only when its count grows, so a value seen before, sent again, keeps no host alive.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
+import hmac
 import json
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from torch.distributed import TCPStore
 
@@ -54,6 +63,7 @@ def _rank_view(r: object) -> bool:
 
 
 SHAPES: dict[str, Callable[[dict], bool]] = {
+    "alive": lambda v: type(v.get("count")) is int,
     "ranks": lambda v: (
         isinstance(v.get("state"), str)
         and isinstance(v.get("ranks"), list)
@@ -69,6 +79,31 @@ SHAPES: dict[str, Callable[[dict], bool]] = {
 }
 
 
+def _mac(key: bytes, name: str, body: str) -> str:
+    return hmac.new(key, f"{name}\n{body}".encode(), hashlib.sha256).hexdigest()
+
+
+def seal(key: bytes, name: str, value: dict) -> str:
+    """The store value of key ``name``: ``value`` and its MAC under the run's secret."""
+    mac = _mac(key, name, json.dumps(value, sort_keys=True))
+    return json.dumps({"v": value, "mac": mac}, sort_keys=True)
+
+
+def unseal(key: bytes, name: str, raw: bytes | str) -> dict | None:
+    """The value sealed in ``raw`` for ``name`` under ``key``; None when it is not one."""
+    try:
+        outer = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, TypeError):
+        return None
+    if not isinstance(outer, dict) or not isinstance(outer.get("mac"), str):
+        return None
+    value = outer.get("v")
+    if not isinstance(value, dict):
+        return None
+    want = _mac(key, name, json.dumps(value, sort_keys=True))
+    return value if hmac.compare_digest(want, outer["mac"]) else None
+
+
 class Peers:
     def __init__(self, cfg: AgentConfig, note: Callable[[str], None]):
         """``note``: says a line once per key whose value is ignored (the agent's log)."""
@@ -82,6 +117,8 @@ class Peers:
         self.started = time.time()
         self._broken = ""
         self.ignored: set[str] = set()  # keys whose value was ignored (said once each)
+        self.key = b""
+        self.beats = 0  # this host's keepalive count
 
     def _guarded(self, fn: Callable[[], object]) -> object:
         """Run fn on a daemon thread, waiting at most peer_timeout: a peer cut off by dropped
@@ -108,6 +145,18 @@ class Peers:
         return box.get("value")
 
     def connect(self) -> None:
+        """Read the run's secret (at most peer_timeout: it is on the shared storage), then
+        connect to the store (node rank 0 serves it)."""
+        path = Path(self.cfg.key_file)
+        try:
+            self.key = self._guarded(lambda: path.read_bytes().strip())  # type: ignore[assignment]
+        except OSError as exc:
+            raise StoreLost(f"cannot read the run's key {path}: {exc.strerror}") from None
+        except StoreLost:
+            why = f"the run's key {path} did not read in {self.cfg.peer_timeout:.0f}s"
+            raise StoreLost(why) from None
+        if len(self.key) < 32:
+            raise StoreLost(f"the run's key {path} is shorter than 32 bytes")
         timeout = datetime.timedelta(seconds=self.cfg.peer_timeout)
         try:
             self.store = TCPStore(
@@ -137,17 +186,22 @@ class Peers:
         return self._shaped(key, raw)
 
     def _shaped(self, key: str, raw: bytes | str) -> dict | None:
-        """The value of key when it has the shape agents write, else None (noted once)."""
-        try:
-            value = json.loads(raw) if raw else None
-        except (ValueError, UnicodeDecodeError):
-            value = None
-        if isinstance(value, dict) and SHAPES[key.split("/", maxsplit=1)[0]](value):
-            return value
+        """The value of key when it is sealed with the run's key and has the shape agents
+        write, else None (noted once)."""
+        value = unseal(self.key, key, raw) if raw else None
+        why = "not signed with the run's key"
+        if value is not None:
+            if SHAPES[key.split("/", maxsplit=1)[0]](value):
+                return value
+            why = "not what an agent writes"
         if raw and key not in self.ignored:
             self.ignored.add(key)
-            self.note(f"ignored the store's {key}: not what an agent writes ({repr(raw)[:200]})")
+            self.note(f"ignored the store's {key}: {why} ({repr(raw)[:200]})")
         return None
+
+    def _set(self, key: str, value: dict) -> None:
+        assert self.store is not None
+        self._call(self.store.set, key, seal(self.key, key, value))
 
     def exchange(self, record: dict) -> tuple[dict | None, dict | None]:
         """Publish this host's record and keepalive; read every host's. Returns (failure, stop)."""
@@ -156,12 +210,14 @@ class Peers:
     def _exchange(self, record: dict) -> tuple[dict | None, dict | None]:
         assert self.store is not None
         me = self.cfg.node_rank
-        self._call(self.store.set, f"ranks/{me}", json.dumps(record))
-        self._call(self.store.add, f"alive/{me}", 1)
+        self._set(f"ranks/{me}", record)
+        self.beats += 1
+        self._set(f"alive/{me}", {"count": self.beats})
         now = time.time()
         for node in range(self.n):
-            count = self._call(self.store.add, f"alive/{node}", 0)
-            if count and (node not in self.seen or self.seen[node][0] != count):
+            alive = self._get(f"alive/{node}")
+            count = alive["count"] if alive is not None else 0
+            if count > self.seen.get(node, (0, now))[0]:  # grown: a value sent again is stale
                 self.seen[node] = (count, now)
             view = self._get(f"ranks/{node}")
             if view is not None:
@@ -187,7 +243,7 @@ class Peers:
     def claim(self, failure: dict) -> dict:
         """Put failure into the store unless one is there; returns the one that counts."""
         assert self.store is not None
-        mine = json.dumps(failure, sort_keys=True)
+        mine = seal(self.key, "failure", failure)
         won = self._guarded(lambda: self._call(self.store.compare_set, "failure", "", mine))
         claimed = self._shaped("failure", won)
         if claimed is None:  # what held the key is no failure: this one replaces it
@@ -197,13 +253,13 @@ class Peers:
 
     def request_stop(self, by: str) -> None:
         assert self.store is not None
-        stop = json.dumps({"by": by, "time": time.time()})
+        stop = seal(self.key, "stop", {"by": by, "time": time.time()})
         self._guarded(lambda: self._call(self.store.compare_set, "stop", "", stop))
 
     def report_exit(self, record: dict) -> None:
         assert self.store is not None
-        key, value = f"exit/{self.cfg.node_rank}", json.dumps(record)
-        self._guarded(lambda: self._call(self.store.set, key, value))
+        key = f"exit/{self.cfg.node_rank}"
+        self._guarded(lambda: self._set(key, record))
 
     def all_exited(self) -> bool:
         return all(node in self.exits or node == self.cfg.node_rank for node in range(self.n))

@@ -20,7 +20,7 @@ import sys
 
 NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
 WATCHED = ("config.json", "summary.json", "progress.json", "metrics.jsonl", "report.txt",
-           "report.png", "nodes", "logs", "checkpoints", "code", "lib")  # fmt: skip
+           "report.png", "agent.key", "nodes", "logs", "checkpoints", "code", "lib")  # fmt: skip
 WALKED = ("nodes", "lib")  # every entry below these, to this depth
 DEPTH = 6
 

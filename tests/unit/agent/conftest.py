@@ -121,6 +121,10 @@ class Cluster:
         self.procs: list[subprocess.Popen[str]] = []
         self.tmpdir = tmp / "tmp"
         self.tmpdir.mkdir()
+        self.key = os.urandom(32).hex().encode()  # the run's secret, as train.yml makes it
+        self.key_file = tmp / "agent.key"
+        self.key_file.write_bytes(self.key + b"\n")
+        self.key_file.chmod(0o600)
 
     def start(self, modes: dict[int, str], defects: dict[int, str] | None = None) -> None:
         """Start every host's agent; ``defects[node]``: an Agent method that raises there (a
@@ -132,7 +136,7 @@ class Cluster:
             args = [sys.executable, *agent, "--run-dir", str(self.run_dir),
                     "--run-id", "t1", "--host", host, "--node-rank", str(node),
                     "--hosts", ",".join(self.hosts), "--store", f"127.0.0.1:{self.port}",
-                    "--attempt", "a1"]  # fmt: skip
+                    "--attempt", "a1", "--key-file", str(self.key_file)]  # fmt: skip
             for name, value in self.options.items():
                 args += [f"--{name}", str(value)]
             args += ["--", sys.executable, str(self.tmp / "launcher.py"), str(node)]

@@ -15,6 +15,7 @@ from pathlib import Path
 from torch.distributed import TCPStore
 
 from trainer.agent.cli import BadAgentInput, parse_args
+from trainer.agent.peers import seal
 from trainer.agent.report import report_lines
 
 
@@ -73,18 +74,50 @@ def test_values_of_another_shape_in_the_store_are_ignored_and_the_run_completes(
     c.start({0: "run:8", 1: "run:8"})
     c.heartbeat_ready(0, step=1)
     client = TCPStore("127.0.0.1", c.port, None, False, datetime.timedelta(seconds=10))
-    client.set("failure", json.dumps({"x": 1}))
-    client.set("stop", json.dumps({"by": 5}))
-    client.set("exit/1", json.dumps({"host": "h1"}))
+    # sealed with the run's key, so only their shape is wrong
+    client.set("failure", seal(c.key, "failure", {"x": 1}))
+    client.set("stop", seal(c.key, "stop", {"by": 5}))
+    client.set("exit/1", seal(c.key, "exit/1", {"host": "h1"}))
     deadline = time.monotonic() + 3  # h1's agent rewrites ranks/1 every round
     while time.monotonic() < deadline:
-        client.set("ranks/1", json.dumps({"state": "running", "ranks": "xy"}))
+        client.set("ranks/1", seal(c.key, "ranks/1", {"state": "running", "ranks": "xy"}))
         time.sleep(0.02)
     assert c.wait() == [0, 0], c.output()
     assert c.json("progress.json")["status"] == "completed"
     log = (c.run_dir / "nodes" / "h0.log").read_text()
     for key in ("failure", "stop", "exit/1", "ranks/1"):
         assert log.count(f"ignored the store's {key}: not what an agent writes") == 1, log
+
+
+def test_forged_values_from_a_client_without_the_run_s_key_are_ignored(cluster):
+    """A client on the cluster network without the run's secret forges what agents write, in
+    the right shape: a failure naming h1, a stop, h1's exit, h1's keepalive (a number and a
+    string) and a replay of a keepalive it saw. None is acted on; each is named once, and the
+    run completes (before, the forged failure or stop ended it)."""
+    c = cluster(2)
+    c.start({0: "run:8", 1: "run:8"})
+    c.heartbeat_ready(0, step=1)
+    client = TCPStore("127.0.0.1", c.port, None, False, datetime.timedelta(seconds=10))
+    forged = {
+        "failure": {"host": "h1", "node_rank": 1, "rank": 1, "exit_code": 9, "reason": "forged"},
+        "stop": {"by": "mallory", "time": time.time()},
+        "exit/1": {"host": "h1", "outcome": "failed", "exit_code": 1, "attempt": "a1"},
+    }
+    for key, value in forged.items():
+        client.set(key, json.dumps(value))
+    seen = client.get("alive/1")  # a sealed keepalive of h1's, sent again below
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        client.set("alive/0", "not a number")
+        client.set("alive/1", seen)
+        time.sleep(0.05)
+    assert c.wait() == [0, 0], c.output()
+    assert c.json("progress.json")["status"] == "completed"
+    for host in c.hosts:
+        assert "failure" not in c.json(f"nodes/{host}.exit")
+    log = (c.run_dir / "nodes" / "h0.log").read_text()
+    for key in ("failure", "stop", "exit/1", "alive/0"):
+        assert log.count(f"ignored the store's {key}: not signed with the run's key") == 1, log
 
 
 def test_an_error_of_the_agent_itself_fails_the_run_naming_its_host(cluster):
@@ -228,9 +261,11 @@ def test_stop_escalates_to_sigkill_after_the_stop_timeout(cluster):
 
 
 def test_unreachable_store_fails_with_one_line(tmp_path):
+    (tmp_path / "agent.key").write_text("k" * 64)
     args = [sys.executable, "-m", "trainer.agent", "--run-dir", str(tmp_path), "--run-id", "t",
             "--host", "b", "--node-rank", "1", "--hosts", "a,b", "--store", "127.0.0.1:1",
-            "--peer-timeout", "1", "--", "true"]  # fmt: skip
+            "--key-file", str(tmp_path / "agent.key"), "--peer-timeout", "1",
+            "--", "true"]  # fmt: skip
     proc = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 1
     assert "cannot reach the run's store at 127.0.0.1:1" in proc.stdout
@@ -247,7 +282,18 @@ def test_bad_command_line_is_one_line_and_exit_2():
 
 
 def test_parse_args_checks_host_and_rank():
-    base = ["--run-dir", "d", "--run-id", "r", "--hosts", "a,b", "--store", "x:1"]
+    base = [
+        "--run-dir",
+        "d",
+        "--run-id",
+        "r",
+        "--hosts",
+        "a,b",
+        "--store",
+        "x:1",
+        "--key-file",
+        "k",
+    ]
     cfg = parse_args([*base, "--host", "b", "--node-rank", "1", "--", "cmd", "-x"])
     assert (cfg.node_rank, cfg.command, cfg.store_port) == (1, ["cmd", "-x"], 1)
     for bad in (["--host", "c", "--node-rank", "0"], ["--host", "a", "--node-rank", "1"]):
@@ -287,7 +333,7 @@ def test_a_host_that_lost_the_store_stands_in_for_node_rank_0_only_when_it_is_go
     from trainer.agent.supervise import Agent  # noqa: PLC0415 - loads torch
 
     args = ["--run-dir", str(tmp_path), "--run-id", "t1", "--hosts", "h0,h1", "--host", "h1",
-            "--node-rank", "1", "--store", "127.0.0.1:1", "--attempt", "a1",
+            "--node-rank", "1", "--store", "127.0.0.1:1", "--attempt", "a1", "--key-file", "k",
             "--", "true"]  # fmt: skip
     agent = Agent(parse_args(args))
     path = tmp_path / "progress.json"
