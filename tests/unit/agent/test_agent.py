@@ -282,18 +282,8 @@ def test_bad_command_line_is_one_line_and_exit_2():
 
 
 def test_parse_args_checks_host_and_rank():
-    base = [
-        "--run-dir",
-        "d",
-        "--run-id",
-        "r",
-        "--hosts",
-        "a,b",
-        "--store",
-        "x:1",
-        "--key-file",
-        "k",
-    ]
+    base = ["--run-dir", "d", "--run-id", "r", "--hosts", "a,b", "--store", "x:1"]  # fmt: skip
+    base += ["--key-file", "k"]
     cfg = parse_args([*base, "--host", "b", "--node-rank", "1", "--", "cmd", "-x"])
     assert (cfg.node_rank, cfg.command, cfg.store_port) == (1, ["cmd", "-x"], 1)
     for bad in (["--host", "c", "--node-rank", "0"], ["--host", "a", "--node-rank", "1"]):

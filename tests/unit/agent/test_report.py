@@ -110,18 +110,8 @@ def test_report_lines_of_a_user_program_show_exits_wall_time_and_the_log_tail():
 
 
 def test_parse_args_takes_the_straggler_ratio_and_derives_processes_per_host():
-    base = [
-        "--run-dir",
-        "d",
-        "--run-id",
-        "r",
-        "--hosts",
-        "a,b",
-        "--store",
-        "x:1",
-        "--key-file",
-        "k",
-    ]
+    base = ["--run-dir", "d", "--run-id", "r", "--hosts", "a,b", "--store", "x:1"]  # fmt: skip
+    base += ["--key-file", "k"]
     base += ["--host", "a", "--node-rank", "0"]
     cfg = parse_args([*base, "--world-size", "6", "--straggler-ratio", "0.5", "--", "cmd"])
     assert (cfg.nproc, cfg.straggler_ratio) == (3, 0.5)
