@@ -24,7 +24,7 @@ class AgentConfig:
     store_host: str
     store_port: int
     command: list[str]
-    key_file: str = ""  # the run's secret: every store value is signed with it (peers.seal)
+    key_file: str = ""  # the run's secret: every store value is signed with it (wire.seal)
     peer_timeout: float = 60.0
     heartbeat_timeout: float = 300.0
     stop_timeout: float = 90.0

@@ -14,9 +14,6 @@ counts only when its count grows, so a value seen before, sent again, keeps no h
 from __future__ import annotations
 
 import datetime
-import hashlib
-import hmac
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +22,7 @@ from pathlib import Path
 from torch.distributed import TCPStore
 
 from trainer.agent.cli import AgentConfig
-from trainer.agent.ranks import number
+from trainer.agent.wire import SHAPES, seal, unseal
 
 # A rank's heartbeat thread beats every second (DDPFLEET_HEARTBEAT_INTERVAL); one this recent
 # is running.
@@ -34,74 +31,6 @@ LIVE_FRESH = 2.5
 
 class StoreLost(RuntimeError):
     """The connection to the run's store failed: its host counts as failed."""
-
-
-# What each key must hold to be acted on, as the agents write it (``Agent._record``,
-# ``Agent._failure``, ``request_stop``, ``Agent._finish``). Every agent reads every key each
-# round: a value of another shape (a store client that is not an agent) is ignored, and named
-# once in the host's log, instead of raising in the supervision loop.
-RANK_NUMBERS = (
-    "step", "total_steps", "epoch", "live_age", "progress_age", "loss", "images_per_sec",
-)  # fmt: skip
-
-
-def _number(value: object) -> bool:
-    return value is None or number(value) is not None
-
-
-def _text(value: object) -> bool:
-    return value is None or isinstance(value, str)
-
-
-def _rank_view(r: object) -> bool:
-    return (
-        isinstance(r, dict)
-        and type(r.get("rank")) is int
-        and _text(r.get("phase"))
-        and all(_number(r.get(k)) for k in RANK_NUMBERS)
-    )
-
-
-SHAPES: dict[str, Callable[[dict], bool]] = {
-    "alive": lambda v: type(v.get("count")) is int,
-    "ranks": lambda v: (
-        isinstance(v.get("state"), str)
-        and isinstance(v.get("ranks"), list)
-        and all(_rank_view(r) for r in v["ranks"])
-    ),
-    "exit": lambda v: isinstance(v.get("outcome"), str) and _text(v.get("host")),
-    "failure": lambda v: (
-        isinstance(v.get("host"), str)
-        and isinstance(v.get("reason"), str)
-        and (v.get("rank") is None or type(v.get("rank")) is int)
-    ),
-    "stop": lambda v: isinstance(v.get("by"), str),
-}
-
-
-def _mac(key: bytes, name: str, body: str) -> str:
-    return hmac.new(key, f"{name}\n{body}".encode(), hashlib.sha256).hexdigest()
-
-
-def seal(key: bytes, name: str, value: dict) -> str:
-    """The store value of key ``name``: ``value`` and its MAC under the run's secret."""
-    mac = _mac(key, name, json.dumps(value, sort_keys=True))
-    return json.dumps({"v": value, "mac": mac}, sort_keys=True)
-
-
-def unseal(key: bytes, name: str, raw: bytes | str) -> dict | None:
-    """The value sealed in ``raw`` for ``name`` under ``key``; None when it is not one."""
-    try:
-        outer = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, TypeError):
-        return None
-    if not isinstance(outer, dict) or not isinstance(outer.get("mac"), str):
-        return None
-    value = outer.get("v")
-    if not isinstance(value, dict):
-        return None
-    want = _mac(key, name, json.dumps(value, sort_keys=True))
-    return value if hmac.compare_digest(want, outer["mac"]) else None
 
 
 class Peers:

@@ -88,7 +88,7 @@ def _count(value: object) -> int:
 def rank_views(beats: dict[int, dict], now: float) -> list[dict]:
     """What the store carries per rank: step, phase and ages measured on this host's clock.
     Numbers only where numbers go (a user's program writes its own heartbeat): the other
-    agents ignore a view of another shape (``peers.SHAPES``)."""
+    agents ignore a view of another shape (``wire.SHAPES``)."""
     views = []
     for rank, rec in sorted(beats.items()):
         live = number(rec.get("time"))

@@ -15,8 +15,8 @@ from pathlib import Path
 from torch.distributed import TCPStore
 
 from trainer.agent.cli import BadAgentInput, parse_args
-from trainer.agent.peers import seal
 from trainer.agent.report import report_lines
+from trainer.agent.wire import seal
 
 
 def test_completed_run_records_every_host_and_writes_the_report(cluster):

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from trainer.agent import ddpfleet_heartbeat
-from trainer.agent.peers import SHAPES
 from trainer.agent.ranks import rank_views, read_heartbeats
+from trainer.agent.wire import SHAPES
 
 HELPER_DIR = Path(ddpfleet_heartbeat.__file__).parent
 
