@@ -86,7 +86,7 @@ def test_trainer_options_are_the_declared_flags_and_what_the_role_works_out():
     from trainer.options import OPTIONS  # noqa: PLC0415 - the declaration
 
     values = {name: option.default for name, option in OPTIONS.items()}
-    options = filters.trainer_options(values, {"data_dir": "", "output_dir": "/r/x"})
+    options = filters.command_options(values, {"data_dir": "", "output_dir": "/r/x"})
     assert options["batch_size"] == 0
     assert options["checkpoint_every"] == 500
     assert options["output_dir"] == "/r/x"

@@ -21,11 +21,6 @@ def _truthy(value: object) -> bool:
         raise AnsibleFilterError(str(exc)) from None
 
 
-def trainer_options(values: dict, derived: dict) -> dict:
-    """trainer.config.command_options: the trainer's {dest: value} from the train_* values."""
-    return command_options(values, derived)
-
-
 def trainer_args(options: dict) -> list[str]:
     """trainer.config.command_args: the trainer's command line from its options."""
     try:
@@ -99,7 +94,7 @@ class FilterModule:
     def filters(self) -> dict:
         return {
             "ddpfleet_trainer_args": trainer_args,
-            "ddpfleet_trainer_options": trainer_options,
+            "ddpfleet_trainer_options": command_options,
             "ddpfleet_peers": peers,
             "ddpfleet_ulimits": ulimits,
             "ddpfleet_fabric": fabric,
