@@ -67,9 +67,18 @@ def _setup(rank: int, a: argparse.Namespace) -> torch.device:
     return torch.device("cpu")
 
 
+def _stage(rank: int, began: float, what: str) -> None:
+    """One stderr line per start-up stage of the naive loop, so a slow start shows where."""
+    if rank == 0:
+        took = time.perf_counter() - began
+        sys.stderr.write(f"ddp_bench: naive rank 0: {what} at {took:.1f} s\n")
+
+
 def naive_worker(rank: int, a: argparse.Namespace, results: dict) -> None:
+    began = time.perf_counter()
     device = _setup(rank, a)
     dist.init_process_group("nccl" if a.device == "cuda" else "gloo", rank=rank, world_size=a.nproc)
+    _stage(rank, began, "process group up")
     if a.data_dir:  # the textbook JPEG pipeline: PIL in the loader workers, float tensors
         tf = T.Compose([T.RandomResizedCrop(a.image_size), T.RandomHorizontalFlip(), T.ToTensor()])
         tf = T.Compose([tf, T.Normalize(MEAN, STD)])
@@ -82,6 +91,9 @@ def naive_worker(rank: int, a: argparse.Namespace, results: dict) -> None:
         sampler=DistributedSampler(data),
         drop_last=True,
         num_workers=a.workers,
+        # forked, as under torchrun: this rank was spawned, and spawned workers start one by
+        # one (82 s to the first batch with 8 workers on the H200; see trainer.data)
+        multiprocessing_context="fork" if a.workers else None,
     )
     model = torchvision.models.resnet50(num_classes=a.num_classes).to(device)
     model = torch.nn.parallel.DistributedDataParallel(
@@ -89,9 +101,12 @@ def naive_worker(rank: int, a: argparse.Namespace, results: dict) -> None:
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
+    _stage(rank, began, f"{len(data)} samples, model on {device}")
     step, images, start = 0, 0, 0.0
     while step < a.steps:
         for batch, labels in loader:
+            if step in (0, a.warmup):
+                _stage(rank, began, f"batch of step {step + 1} loaded")
             x, y = batch.to(device), labels.to(device)
             loss = loss_fn(model(x), y)
             opt.zero_grad()

@@ -11,6 +11,7 @@ from trainer.data import (
     ResumableSampler,
     SyntheticImages,
     build_datasets,
+    build_loader,
     mean_std,
     to_device,
 )
@@ -24,6 +25,22 @@ def test_synthetic_is_uint8_deterministic_and_labelled() -> None:
     assert img.shape == (3, 16, 16)
     assert 0 <= label < 5
     assert torch.equal(img, b[(2, 7)][0])
+
+
+def test_loader_workers_are_forked_even_where_the_default_start_method_is_spawn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rank started by torch.multiprocessing.spawn defaults to spawn (Python 3.14: forkserver),
+    where each worker re-imports the main module and is sent the sample list in turn."""
+    import multiprocessing  # noqa: PLC0415 - only this test changes its default
+
+    monkeypatch.setattr(multiprocessing.context._default_context, "_actual_context", None)
+    multiprocessing.set_start_method("spawn")
+    cfg = TrainConfig(synthetic=True, num_classes=4, image_size=8, batch_size=4, workers=2)
+    loader = build_loader(SyntheticImages(16, 4, 8, 0), cfg, 0, 1, pin=False, train=True)
+    assert loader.multiprocessing_context.get_start_method() == "fork"
+    assert multiprocessing.get_start_method() == "spawn"
+    assert sum(len(labels) for _, labels in loader) == 16
 
 
 def test_resumed_sampler_continues_the_same_order() -> None:
