@@ -32,6 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from trainer import gpuplan
+
 ELEMENTS = 1 << 20  # 4 MiB of float32 per rank: big enough for NCCL's ring/tree, not for memory
 TIMEOUT = 120.0  # seconds for CUDA and NCCL start-up plus one all-reduce on every GPU
 
@@ -70,21 +72,16 @@ def _cuda_start_error() -> str:
     return "CUDA is not available (driver, container toolkit, or no GPU given)"
 
 
-def capability_problems(caps: list[tuple[int, int]], minimum: tuple[int, int]) -> list[str]:
-    """'GPU i has compute capability x.y, below 7.5' for each GPU the image's CUDA cannot run."""
-    return [
-        f"GPU {i} has compute capability {c[0]}.{c[1]}, below {minimum[0]}.{minimum[1]}"
-        for i, c in enumerate(caps)
-        if tuple(c) < tuple(minimum)
-    ]
-
-
 def sum_problem(values: torch.Tensor, world: int) -> str | None:
     """The all-reduce of (rank + 1) over ``world`` ranks must be world * (world + 1) / 2."""
     want = world * (world + 1) / 2
     if bool((values == want).all()):
         return None
     return f"all-reduce returned {values.min().item()}..{values.max().item()}, expected {want}"
+
+
+def _cap(device: int) -> str:
+    return "{}.{}".format(*torch.cuda.get_device_capability(device))
 
 
 def _rank(rank: int, job: tuple[int, str, str, str, float], out: dict) -> None:
@@ -116,7 +113,7 @@ def _rank(rank: int, job: tuple[int, str, str, str, float], out: dict) -> None:
 
 
 def check(
-    gpus: int, backend: str, device_type: str, minimum: tuple[int, int], timeout: float = TIMEOUT
+    gpus: int, backend: str, device_type: str, minimum: str, timeout: float = TIMEOUT
 ) -> list[str]:
     """Problems found (empty: the GPUs and the all-reduce work)."""
     if device_type == "cuda":
@@ -125,8 +122,8 @@ def check(
         found = torch.cuda.device_count()
         if found < gpus:
             return [f"{found} GPUs visible in the container, {gpus} wanted"]
-        caps = [torch.cuda.get_device_capability(i) for i in range(gpus)]
-        problems = capability_problems(caps, minimum)
+        found = [(torch.cuda.get_device_name(i), _cap(i)) for i in range(gpus)]
+        problems = gpuplan.capability_problems(found, minimum)
         if problems:
             return problems
     with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
@@ -178,16 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         "--timeout", type=float, default=TIMEOUT, help="seconds before a hang is reported"
     )
     a = p.parse_args(argv)
-    try:
-        minimum = tuple(int(x) for x in a.min_capability.split("."))
-        if a.gpus < 1 or len(minimum) != 2 or not 0 < a.timeout < 1e6:
-            raise ValueError
-    except ValueError:
+    if a.gpus < 1 or gpuplan.capability(a.min_capability) == (0, 0) or not 0 < a.timeout < 1e6:
         sys.stderr.write(
             "trainer.gpucheck: error: need --gpus >= 1, --min-capability X.Y and --timeout > 0\n"
         )
         return 2
-    problems = check(a.gpus, a.backend, a.device, minimum, a.timeout)  # type: ignore[arg-type]
+    problems = check(a.gpus, a.backend, a.device, a.min_capability, a.timeout)  # type: ignore[arg-type]
     if problems:
         sys.stdout.write(f"gpucheck failed on {a.host}: {'; '.join(problems)}\n")
         return 1

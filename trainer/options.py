@@ -250,13 +250,3 @@ def problem(name: str, value: object) -> str:
 def flag_options() -> list[Option]:
     """The options that map to a flag of ``python -m trainer``, in declaration order."""
     return [o for o in OPTIONS.values() if o.flag]
-
-
-def balance_mode(balance: object) -> str:
-    """train_balance: 'off', 'auto' or 'map' (a {host: weight} mapping; YAML's bare off is
-    False)."""
-    if balance is False or (isinstance(balance, str) and balance.strip().lower() in ("off", "")):
-        return "off"
-    if isinstance(balance, str) and balance.strip().lower() == "auto":
-        return "auto"
-    return "map"

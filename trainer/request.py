@@ -17,7 +17,8 @@ import posixpath
 import re
 from collections.abc import Mapping
 
-from trainer.options import OPTIONS, as_bool, balance_mode, finite, problem
+from trainer.options import OPTIONS, as_bool, finite, problem
+from trainer.shares import balance_mode
 
 # Leading letter or digit: ddpfleet's own files under runs/ start with a dot (.preflight-*).
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")

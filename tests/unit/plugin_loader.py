@@ -12,7 +12,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_plugin(name: str, relative_path: str) -> ModuleType:
-    """Load ROOT/relative_path as module `name` (registered in sys.modules, as dataclasses need)."""
+    """Load ROOT/relative_path as module `name` (registered in sys.modules, as dataclasses need).
+    The role's module_utils files are registered first as ``ansible.module_utils.<name>``, the
+    name its modules import them by."""
+    folder = (ROOT / relative_path).parent
+    utils = [] if folder.name == "module_utils" else sorted(folder.parent.glob("module_utils/*.py"))
+    for util in utils:
+        if f"ansible.module_utils.{util.stem}" not in sys.modules:
+            load_plugin(f"ansible.module_utils.{util.stem}", str(util.relative_to(ROOT)))
     spec = importlib.util.spec_from_file_location(name, ROOT / relative_path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {relative_path}")

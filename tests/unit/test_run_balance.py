@@ -1,5 +1,5 @@
-"""Unit tests of roles/trainer_run/filter_plugins/ddpfleet_balance_filters.py (train_balance's
-mode, the doctor's figures for a run, the trainer's --batch-weights) and of the train_balance and
+"""Unit tests of trainer/shares.py, what train.yml's balance filters are (train_balance's mode,
+the doctor's figures for a run, the trainer's --batch-weights), and of the train_balance and
 train_cpus checks of trainer/request.py."""
 
 from __future__ import annotations
@@ -8,14 +8,10 @@ import base64
 import json
 
 import pytest
-from ansible.errors import AnsibleFilterError
-from plugin_loader import load_plugin
 
 import trainer.request as validate
+from trainer import shares as balance
 
-balance = load_plugin(
-    "ddpfleet_balance_filters", "roles/trainer_run/filter_plugins/ddpfleet_balance_filters.py"
-)
 HOSTS = ["node1", "node2", "node3"]
 MODEL = {"arch": "resnet18", "image_size": 64, "batch_size": 16, "amp": "auto"}
 
@@ -115,5 +111,5 @@ def test_equal_weights_mean_no_weighting():
 
 
 def test_rank_weights_refuse_a_host_without_a_weight():
-    with pytest.raises(AnsibleFilterError, match="no usable weight for node3"):
+    with pytest.raises(ValueError, match="no usable weight for node3"):
         balance.rank_weights({"node1": 1, "node2": 1}, HOSTS, 1)

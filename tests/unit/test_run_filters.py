@@ -4,7 +4,6 @@ option checks, peers and ulimits."""
 from __future__ import annotations
 
 import pytest
-from ansible.errors import AnsibleFilterError
 from plugin_loader import load_plugin
 
 filters = load_plugin(
@@ -13,7 +12,7 @@ filters = load_plugin(
 
 
 def test_trainer_args_maps_names_to_flags():
-    args = filters.trainer_args({"batch_size": 8, "max_steps": "30", "lr": 0.05})
+    args = filters.command_args({"batch_size": 8, "max_steps": "30", "lr": 0.05})
     assert args == ["--batch-size", "8", "--lr", "0.05", "--max-steps", "30"]
 
 
@@ -22,23 +21,23 @@ def test_trainer_args_maps_names_to_flags():
     [(True, ["--synthetic"]), ("true", ["--synthetic"]), (False, []), ("no", [])],
 )
 def test_store_true_switch(value, expected):
-    assert filters.trainer_args({"synthetic": value}) == expected
+    assert filters.command_args({"synthetic": value}) == expected
 
 
 @pytest.mark.parametrize(
     ("value", "expected"), [(True, ["--channels-last"]), ("false", ["--no-channels-last"])]
 )
 def test_boolean_optional_switch(value, expected):
-    assert filters.trainer_args({"channels_last": value}) == expected
+    assert filters.command_args({"channels_last": value}) == expected
 
 
 def test_empty_values_leave_the_trainer_default():
-    assert filters.trainer_args({"data_dir": "", "arch": None}) == []
+    assert filters.command_args({"data_dir": "", "arch": None}) == []
 
 
 def test_non_scalar_option_is_refused():
-    with pytest.raises(AnsibleFilterError, match="train_batch_size must be a scalar"):
-        filters.trainer_args({"batch_size": [1, 2]})
+    with pytest.raises(ValueError, match="train_batch_size must be a scalar"):
+        filters.command_args({"batch_size": [1, 2]})
 
 
 def test_trainer_accepts_every_flag_the_role_generates():
@@ -74,7 +73,7 @@ def test_trainer_accepts_every_flag_the_role_generates():
         "dist_timeout": 600,
         "output_dir": "/tmp/x",
     }
-    ns = get_args_parser().parse_args(filters.trainer_args(options))
+    ns = get_args_parser().parse_args(filters.command_args(options))
     assert ns.synthetic is True
     assert ns.channels_last is False
     assert ns.max_steps == 3
@@ -98,7 +97,7 @@ def test_peers_need_a_cluster_ip():
     assert filters.peers(["n1"], hostvars) == [
         {"name": "n1", "hostname": "gpu1", "cluster_ip": "10.0.0.1"}
     ]
-    with pytest.raises(AnsibleFilterError, match="n2 has no cluster_ip"):
+    with pytest.raises(ValueError, match="n2 has no cluster_ip"):
         filters.peers(["n2"], hostvars)
 
 

@@ -24,7 +24,7 @@ V100 = ("Tesla V100-SXM2-32GB", "7.0")
 
 def test_nvidia_smi_rows_are_parsed() -> None:
     out = "NVIDIA H100 80GB HBM3, 9.0\nTesla T4, 7.5\n\n"
-    assert pre.parse_gpus(out) == [H100, T4]
+    assert pre.parse_smi(out) == [H100, T4]
 
 
 @pytest.mark.parametrize(
@@ -38,21 +38,21 @@ def test_nvidia_smi_rows_are_parsed() -> None:
     ],
 )
 def test_gpus_default_to_the_detected_count(found, wanted, nproc, gpus) -> None:
-    assert pre.plan_gpus(found, wanted, nproc, "7.5") == ([], gpus)
+    assert pre.plan(found, wanted, nproc, "7.5") == ([], gpus)
 
 
 def test_more_ranks_than_gpus_is_refused() -> None:
-    problems, _ = pre.plan_gpus([H100] * 2, -1, 4, "7.5")
+    problems, _ = pre.plan([H100] * 2, -1, 4, "7.5")
     assert problems == ["train_nproc_per_node=4 is more than the 2 GPUs to use"]
 
 
 def test_more_gpus_than_found_is_refused() -> None:
-    problems, _ = pre.plan_gpus([H100] * 2, 4, 0, "7.5")
+    problems, _ = pre.plan([H100] * 2, 4, 0, "7.5")
     assert problems == ["2 GPUs visible, inventory says gpus=4"]
 
 
 def test_a_gpu_below_the_capability_floor_is_named() -> None:
-    problems, _ = pre.plan_gpus([T4, V100], -1, 0, "7.5")
+    problems, _ = pre.plan([T4, V100], -1, 0, "7.5")
     assert problems == ["GPU 1 (Tesla V100-SXM2-32GB) has compute capability 7.0, below 7.5"]
 
 

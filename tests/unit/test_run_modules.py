@@ -23,6 +23,7 @@ def ansible_cfg(tmp_path_factory) -> None:
     cfg.write_text(
         "[defaults]\n"
         f"library = {ROLE / 'library'}\n"
+        f"module_utils = {ROLE / 'module_utils'}\n"
         "stdout_callback = ansible.builtin.json\n"
         "bin_ansible_callbacks = true\n"
         f"interpreter_python = {ROOT / '.venv' / 'bin' / 'python'}\n"

@@ -7,26 +7,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ansible.errors import AnsibleFilterError
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # this checkout's trainer package
 from trainer.config import command_args, command_options
 from trainer.options import as_bool
-
-
-def _truthy(value: object) -> bool:
-    try:
-        return as_bool(value)
-    except ValueError as exc:
-        raise AnsibleFilterError(str(exc)) from None
-
-
-def trainer_args(options: dict) -> list[str]:
-    """trainer.config.command_args: the trainer's command line from its options."""
-    try:
-        return command_args(options)
-    except ValueError as exc:
-        raise AnsibleFilterError(str(exc)) from None
 
 
 def peers(hosts: list[str], hostvars: object) -> list[dict]:
@@ -35,7 +18,7 @@ def peers(hosts: list[str], hostvars: object) -> list[dict]:
     for name in hosts:
         hv = hostvars[name]  # type: ignore[index]
         if "cluster_ip" not in hv:
-            raise AnsibleFilterError(f"host {name} has no cluster_ip")
+            raise ValueError(f"host {name} has no cluster_ip")
         hostname = str(hv.get("node_hostname") or name)
         out.append({"name": name, "hostname": hostname, "cluster_ip": str(hv["cluster_ip"])})
     return out
@@ -50,7 +33,7 @@ def fabric(ib_devices: list, settings: dict, numa_binding: str = "", gpus: int =
     mlx5_0,mlx5_1`` -> ``NCCL_IB_HCA``; ``nccl_ib_gid_index: 3`` for RoCE v2). nccl_ib_*
     settings on a host without devices would do nothing: a problem, as is NUMA binding (torchrun
     binds each rank near its GPU) on a host that runs no GPUs."""
-    use_ib = bool(ib_devices) and _truthy(settings.get("infiniband", True))
+    use_ib = bool(ib_devices) and as_bool(settings.get("infiniband", True))
     ib_vars = {k: v for k, v in sorted(settings.items()) if k.startswith("nccl_ib_")}
     problems = []
     if ib_vars and not use_ib:
@@ -61,7 +44,7 @@ def fabric(ib_devices: list, settings: dict, numa_binding: str = "", gpus: int =
     env = {}
     for name, value in ib_vars.items() if use_ib else ():
         if isinstance(value, (dict, list)) or value is None:
-            raise AnsibleFilterError(f"{name} must be a scalar, got {value!r}")
+            raise ValueError(f"{name} must be a scalar, got {value!r}")
         env[name.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
     return {
         "devices": [f"{d}:{d}:rwm" for d in sorted(ib_devices)] if use_ib else [],
@@ -93,7 +76,7 @@ class FilterModule:
 
     def filters(self) -> dict:
         return {
-            "ddpfleet_trainer_args": trainer_args,
+            "ddpfleet_trainer_args": command_args,
             "ddpfleet_trainer_options": command_options,
             "ddpfleet_peers": peers,
             "ddpfleet_ulimits": ulimits,

@@ -7,6 +7,7 @@ import os
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.ddpfleet_gpuplan import parse_smi, plan
 
 DOCUMENTATION = r"""
 module: ddpfleet_run_preflight
@@ -163,40 +164,6 @@ def check_cpus(quota: float, available: int) -> list[str]:
     return []
 
 
-def parse_gpus(out: str) -> list[tuple[str, str]]:
-    """nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader -> [(name, "X.Y")]."""
-    rows = [ln.rsplit(",", 1) for ln in out.splitlines() if "," in ln]
-    return [(name.strip(), cap.strip()) for name, cap in rows]
-
-
-def _capability(text: str) -> tuple[int, int]:
-    try:
-        major, minor = (int(x) for x in text.split("."))
-    except ValueError:
-        return (0, 0)
-    return major, minor
-
-
-def plan_gpus(
-    found: list[tuple[str, str]], wanted: int, nproc: int, minimum: str
-) -> tuple[list[str], int]:
-    """(problems, GPUs to use). ``wanted`` -1: every GPU found (the inventory has no gpus);
-    more ranks than GPUs would share a GPU (NCCL fails with "Duplicate GPU"); a GPU below
-    ``minimum`` cannot run the image's CUDA."""
-    gpus = len(found) if wanted < 0 else wanted
-    problems = []
-    if gpus > len(found):
-        problems.append(f"{len(found)} GPUs visible, inventory says gpus={gpus}")
-    if gpus > 0 and nproc > gpus:
-        problems.append(f"train_nproc_per_node={nproc} is more than the {gpus} GPUs to use")
-    low = [
-        f"GPU {i} ({name}) has compute capability {cap}, below {minimum}"
-        for i, (name, cap) in enumerate(found[:gpus])
-        if _capability(cap) < _capability(minimum)
-    ]
-    return problems + low, gpus
-
-
 def check_gpus(
     module: AnsibleModule, wanted: int, nproc: int, minimum: str
 ) -> tuple[list[str], int, list[tuple[str, str]]]:
@@ -209,8 +176,8 @@ def check_gpus(
         rc, out, err = module.run_command(query)
         if rc != 0:
             return [f"nvidia-smi failed: {(err or out).strip() or rc}"], 0, []
-        found = parse_gpus(out)
-    problems, gpus = plan_gpus(found, wanted, nproc, minimum)
+        found = parse_smi(out)
+    problems, gpus = plan(found, wanted, nproc, minimum)
     return problems, gpus, found
 
 

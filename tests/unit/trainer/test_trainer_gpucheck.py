@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from trainer import gpucheck
+from trainer import gpucheck, gpuplan
 
 
 def test_all_reduce_across_two_gloo_ranks_passes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -38,14 +38,16 @@ def test_a_rank_that_fails_is_named() -> None:
 @pytest.mark.parametrize(
     ("caps", "problems"),
     [
-        ([(9, 0), (9, 0)], []),
-        ([(7, 5)], []),
-        ([(8, 0), (7, 0)], ["GPU 1 has compute capability 7.0, below 7.5"]),
-        ([(6, 1)], ["GPU 0 has compute capability 6.1, below 7.5"]),
+        (["9.0", "9.0"], []),
+        (["7.5"], []),
+        (["8.0", "7.0"], ["GPU 1 (gpu) has compute capability 7.0, below 7.5"]),
+        (["6.1"], ["GPU 0 (gpu) has compute capability 6.1, below 7.5"]),
+        (["x"], ["GPU 0 (gpu) has compute capability x, below 7.5"]),
     ],
 )
 def test_compute_capability_floor(caps, problems) -> None:
-    assert gpucheck.capability_problems(caps, (7, 5)) == problems
+    """The floor trainer.gpucheck applies in the image is the preflight's (trainer.gpuplan)."""
+    assert gpuplan.capability_problems([("gpu", c) for c in caps], "7.5") == problems
 
 
 def test_a_wrong_sum_is_reported() -> None:
