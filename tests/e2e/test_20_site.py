@@ -52,6 +52,8 @@ def test_testinfra_suite_passes(provisioned: PlaybookRun, sandbox: Any) -> None:
         [
             sys.executable, "-m", "pytest", "tests/infra", "-q", "-p", "no:cacheprovider",
             "--hosts=ansible://all", f"--ansible-inventory={sandbox.inventory}",
+            # one worker per node (pytest-xdist): the checks wait on SSH, not on the CPU
+            "-n", str(len(sandbox.nodes)),
         ],
         cwd=sandbox.root, env=sandbox.env, capture_output=True, text=True,
         timeout=900, check=False,
