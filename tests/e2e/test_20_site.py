@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import subprocess
 import sys
 import time
@@ -204,6 +205,41 @@ def test_invalid_daemon_json_addition_is_refused_without_replacing_the_file(
     assert sandbox.ssh(node, "systemctl is-active docker").stdout.strip() == "active"
 
 
+def test_a_daemon_json_dockerd_cannot_start_with_is_rolled_back_on_the_first_host_only(
+    provisioned: PlaybookRun, sandbox: Any
+) -> None:
+    """The validator passes a storage driver this kernel lacks (zfs): node1, the first host, is
+    restarted, fails, gets its previous daemon.json back and runs again; node2 and node3 are
+    not restarted and keep theirs. One line names the host and dockerd's error."""
+    pid = "systemctl show --property=MainPID --value docker"
+    files = "cd /etc/docker && sha256sum daemon.json && ls -A"
+    before = {
+        n.name: (sandbox.ssh(n, files).stdout, sandbox.ssh(n, pid).stdout) for n in sandbox.nodes
+    }
+    run = run_site(
+        sandbox, "--tags", "docker", "-e", "docker_force_restart=true",
+        "-e", json.dumps({"docker_daemon_options": {"storage-driver": "zfs"}}),
+    )  # fmt: skip
+    assert run.rc != 0
+    out = " ".join(run.stdout.split())
+    line = re.search(
+        r"daemon\.json not applied: dockerd on node1 did not start: (.+?); the previous", out
+    )
+    assert line, run.tail()
+    assert line.group(1).strip(), run.tail()  # dockerd's own error
+    assert (
+        "the previous daemon.json is back and dockerd runs with it; the other hosts were not "
+        "restarted and keep their previous daemon.json" in out
+    ), run.tail()
+    for node in sandbox.nodes:
+        after = (sandbox.ssh(node, files).stdout, sandbox.ssh(node, pid).stdout)
+        assert after[0] == before[node.name][0], node.name  # the same file, no backup left
+        restarted = after[1] != before[node.name][1]
+        assert restarted == (node.name == "node1"), node.name
+        driver = sandbox.ssh(node, "docker info --format '{{.Driver}}'").stdout.strip()
+        assert driver == "overlay2", node.name
+
+
 def test_held_back_restart_is_applied_by_the_next_run_without_training(
     provisioned: PlaybookRun, sandbox: Any
 ) -> None:
@@ -246,6 +282,10 @@ def test_held_back_restart_is_applied_by_the_next_run_without_training(
     daemon = json.loads(sandbox.ssh(node, "cat /etc/docker/daemon.json").stdout)
     assert daemon["log-opts"]["max-file"] == "5"
     assert sandbox.ssh(node, f"test -e {RESTART_MARKER}").returncode != 0
+    # no backup of daemon.json is left behind, held back or applied
+    assert sandbox.ssh(node, "ls -A /etc/docker").stdout.split() == [
+        "certs.d", "daemon.json", "key.json",
+    ]  # fmt: skip
 
 
 def test_image_build_lock_held_elsewhere_is_waited_for_then_named(

@@ -1,7 +1,7 @@
 """roles/docker's daemon.json handling, run for real on localhost against fake ``dockerd``,
 ``docker`` and ``systemctl`` programs: a daemon.json candidate dockerd refuses never replaces
-the file, and a restart held back under a training container is remembered and applied by
-the next run that finds none.
+the file, a restart held back under a training container is remembered and applied by the
+next run that finds none, and a file dockerd cannot start with is put back.
 
 The fakes record every call in a log. The validator is the role's own
 files/ddpfleet-validate-daemon-json; dockerd is faked in both of its kinds: with
@@ -61,14 +61,21 @@ echo "docker $*" >> "$FAKE_LOG"
 [ -n "$FAKE_RUNNING" ] && echo "$FAKE_RUNNING"
 exit 0
 """
+# A dockerd that cannot start with a daemon.json naming the zfs storage driver, as on a kernel
+# without ZFS: ``systemctl restart`` fails and the journal holds dockerd's error.
 FAKE_SYSTEMCTL = """#!/bin/sh
 echo "systemctl $*" >> "$FAKE_LOG"
 case "$*" in
+  *restart*) if grep -q zfs "$FAKE_DAEMON_JSON"; then exit 1; fi ;;
   *show*) printf 'Id=docker.service\\nLoadState=loaded\\nActiveState=active\\n'
           printf 'SubState=running\\nUnitFileState=enabled\\nMainPID=123\\n' ;;
   *is-enabled*) echo enabled ;;
 esac
 exit 0
+"""
+
+FAKE_JOURNALCTL = """#!/bin/sh
+echo "failed to start daemon: error initializing graphdriver: driver not supported"
 """
 
 
@@ -81,6 +88,7 @@ def _make_fakes(kind: str) -> Path:
         ("dockerd", FAKE_DOCKERD[kind]),
         ("docker", FAKE_DOCKER),
         ("systemctl", FAKE_SYSTEMCTL),
+        ("journalctl", FAKE_JOURNALCTL),
     ):
         (path / name).write_text(text)
         (path / name).chmod(0o755)
@@ -106,12 +114,13 @@ def fakes_2010() -> Iterator[Path]:
     shutil.rmtree(path)
 
 
-def _env(fakes: Path, running: str = "") -> dict[str, str]:
+def _env(fakes: Path, running: str = "", daemon_json: str = "") -> dict[str, str]:
     return {
         **os.environ,
         "PATH": f"{fakes}{os.pathsep}{os.environ['PATH']}",
         "FAKE_LOG": str(fakes / "log"),
         "FAKE_RUNNING": running,
+        "FAKE_DAEMON_JSON": daemon_json or "/dev/null",
         "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
         "ANSIBLE_FILTER_PLUGINS": str(ROLE / "filter_plugins"),
     }
@@ -181,6 +190,7 @@ def site(node: Path, fakes: Path, running: str = "", **extra: object) -> str:
         "_docker_daemon_json_validator": str(node / "bin" / "ddpfleet-validate-daemon-json"),
         "_docker_state_dir": str(node / "state"),
         "_docker_restart_pending_marker": str(node / "state" / "docker-restart-pending"),
+        "_docker_restart_script": str(node / "bin" / "ddpfleet-restart-dockerd"),
         "ansible_python_interpreter": sys.executable,
     }
     (node / "bin").mkdir(exist_ok=True)
@@ -188,7 +198,8 @@ def site(node: Path, fakes: Path, running: str = "", **extra: object) -> str:
     proc = subprocess.run(
         [str(playbook), "-i", "localhost,", str(node / "play.yml"),
          "-e", json.dumps({**paths, **extra})],
-        cwd=ROOT, env=_env(fakes, running), capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=_env(fakes, running, paths["_docker_daemon_json_path"]),
+        capture_output=True, text=True, timeout=300,
         check=False,
     )  # fmt: skip
     return f"rc={proc.returncode}\n{proc.stdout}{proc.stderr}"
@@ -244,3 +255,22 @@ def test_pending_restart_waits_for_the_run_then_is_applied(node: Path, fakes_201
     assert done.startswith("rc=0"), done[-3000:]
     assert calls(fakes_2010).count("systemctl restart docker") == 1
     assert not marker(node).exists()
+
+
+def test_a_daemon_json_dockerd_cannot_start_with_is_put_back_and_named(
+    node: Path, fakes_2010: Path
+) -> None:
+    """The validator passes it; the restart fails: the previous file is back, dockerd is
+    restarted with it, no backup is left, and the play fails naming the host and the error."""
+    before = (node / "etc" / "daemon.json").read_bytes()
+    out = site(node, fakes_2010, docker_daemon_options={"storage-driver": "zfs"})
+    assert not out.startswith("rc=0"), out[-3000:]
+    said = " ".join(out.split())
+    assert (
+        "daemon.json not applied: dockerd on localhost did not start: failed to start daemon: "
+        "error initializing graphdriver: driver not supported; the previous "
+        "daemon.json is back and dockerd runs with it"
+    ) in said, out[-3000:]
+    assert (node / "etc" / "daemon.json").read_bytes() == before
+    assert sorted(p.name for p in (node / "etc").iterdir()) == ["daemon.json"]
+    assert calls(fakes_2010).count("systemctl restart docker.service") == 2
