@@ -219,6 +219,7 @@ def test_invalid_addition_is_refused_and_the_file_kept(node: Path, fakes_2010: P
     assert not out.startswith("rc=0"), out[-3000:]
     assert "bogus-key" in out, out[-4000:]
     assert (node / "etc" / "daemon.json").read_bytes() == before
+    assert sorted(p.name for p in (node / "etc").iterdir()) == ["daemon.json"]  # no backup
     assert "restart docker" not in calls(fakes_2010)
     assert "reload docker" not in calls(fakes_2010)
 
