@@ -122,8 +122,8 @@ def check(
         found = torch.cuda.device_count()
         if found < gpus:
             return [f"{found} GPUs visible in the container, {gpus} wanted"]
-        found = [(torch.cuda.get_device_name(i), _cap(i)) for i in range(gpus)]
-        problems = gpuplan.capability_problems(found, minimum)
+        models = [(torch.cuda.get_device_name(i), _cap(i)) for i in range(gpus)]
+        problems = gpuplan.capability_problems(models, minimum)
         if problems:
             return problems
     with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
