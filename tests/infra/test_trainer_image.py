@@ -127,6 +127,7 @@ def test_registry_holds_the_hash_and_the_moving_tag(
 def test_build_context_is_private_and_holds_no_wheelhouse(
     host: Any, image: dict[str, Any], ref: str
 ) -> None:
+    """The wheelhouse reaches the build from a server that lives only as long as the build."""
     if not image["is_builder"]:
         pytest.skip("only the registry host builds")
     context = host.file(image["trainer_image_build_dir"])
@@ -134,6 +135,7 @@ def test_build_context_is_private_and_holds_no_wheelhouse(
     assert (context.user, context.mode) == ("root", 0o750)
     assert not host.file(f"{image['trainer_image_build_dir']}/wheelhouse").exists
     assert host.file(f"{image['trainer_image_build_dir']}/Dockerfile").exists
+    assert not host.service("ddpfleet-wheelhouse").is_running
 
 
 def test_build_context_pins_only_what_the_image_installs(host: Any, image: dict[str, Any]) -> None:

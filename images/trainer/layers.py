@@ -1,0 +1,107 @@
+"""Install the image's Python stack straight into its venv, one image layer per call.
+
+The stack is ~5.8 GB installed. As one layer, dockerd compresses it on one core for minutes per
+push and every trainer unpacks it on one core per pull; a builder stage copied into the final
+stage writes it twice. So the Dockerfile installs it in place, in a few RUN steps of similar
+size (layers of a push and a pull go side by side), each one:
+
+    python layers.py plan             # resolve requirements.txt once: what pip would install
+    python layers.py install N        # install layer N's share of that (N = 1 .. LAYERS)
+
+``plan`` writes plan.json beside this file: name and version of every package, resolved by pip
+from requirements.txt (the image's pins) and the package source: the wheelhouse served to the
+build at ``WHEELHOUSE_URL`` (pip gets ``--no-index --find-links``), or, where that is empty, the
+package index pip is configured for. Each ``install`` installs its share
+with ``--no-deps`` at exactly those versions; the last one installs what no group names and
+checks the whole stack with ``pip check``. Standard library only: it runs on the base's Python.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PLAN = HERE / "plan.json"
+REQUIREMENTS = HERE / "requirements.txt"
+
+# The biggest packages of torch's CUDA 13 stack, grouped by their wheel sizes (MB) measured
+# for torch 2.14.1: cudnn 553, torch 555, cublas 423 + cusparse 146, triton 248 + nccl 216 +
+# nvshmem 60, cufft 214 + cusolver 201. Names are without their -cuNN suffix. Whatever no
+# group names (cusparselt, nvrtc, curand, nvjitlink, numpy, pillow, torchvision, ...) goes into
+# the last layer, so a renamed or new dependency still installs, only less evenly spread.
+GROUPS: tuple[frozenset[str], ...] = (
+    frozenset({"nvidia-cudnn"}),
+    frozenset({"torch"}),
+    frozenset({"nvidia-cublas", "nvidia-cusparse"}),
+    frozenset({"triton", "nvidia-nccl", "nvidia-nvshmem"}),
+    frozenset({"nvidia-cufft", "nvidia-cusolver"}),
+)
+LAYERS = len(GROUPS) + 1
+
+
+def group_key(name: str) -> str:
+    """A project name as the groups spell it: normalised, without a -cuNN suffix."""
+    normal = re.sub(r"[-_.]+", "-", name).lower()
+    return re.sub(r"-cu\d+$", "", normal)
+
+
+def layer_of(name: str) -> int:
+    """The layer (1-based) that installs the package ``name``."""
+    key = group_key(name)
+    for number, group in enumerate(GROUPS, start=1):
+        if key in group:
+            return number
+    return LAYERS
+
+
+def pip_install(*args: str) -> None:
+    """``pip install`` from the package source the build was given (see the module's docstring)."""
+    url = os.environ.get("WHEELHOUSE_URL", "")
+    source = ["--no-index", "--find-links", url] if url else []
+    subprocess.run([sys.executable, "-m", "pip", "install", *source, *args], check=True)
+
+
+def plan() -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "report.json"
+        pip_install(
+            "--dry-run",
+            "--quiet",
+            "--report",
+            str(report),
+            "--requirement",
+            str(REQUIREMENTS),
+        )
+        chosen = json.loads(report.read_text())["install"]
+    pins = sorted(f"{item['metadata']['name']}=={item['metadata']['version']}" for item in chosen)
+    PLAN.write_text(json.dumps(pins, indent=1) + "\n")
+
+
+def install(layer: int) -> None:
+    pins = [pin for pin in json.loads(PLAN.read_text()) if layer_of(pin.split("==")[0]) == layer]
+    if pins:
+        pip_install("--no-deps", *pins)
+    if layer == LAYERS:
+        subprocess.run([sys.executable, "-m", "pip", "check"], check=True)
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["plan"]:
+        plan()
+        return 0
+    layers = [str(number) for number in range(1, LAYERS + 1)]
+    if len(argv) == 2 and argv[0] == "install" and argv[1] in layers:
+        install(int(argv[1]))
+        return 0
+    print(f"usage: layers.py plan | install N (N = 1 .. {LAYERS})", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

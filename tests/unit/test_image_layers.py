@@ -1,0 +1,135 @@
+"""images/trainer/layers.py: the image's Python stack installed in layers, each package once."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.unit.plugin_loader import ROOT, load_plugin
+
+layers = load_plugin("ddpfleet_image_layers", "images/trainer/layers.py")
+
+
+@pytest.mark.parametrize(
+    ("name", "layer"),
+    [
+        ("nvidia-cudnn-cu13", 1),
+        ("nvidia_cudnn_cu13", 1),
+        ("torch", 2),
+        ("nvidia-cublas", 3),
+        ("nvidia-cusparse", 3),
+        ("nvidia-cusparselt-cu13", layers.LAYERS),
+        ("Triton", 4),
+        ("nvidia-nccl-cu13", 4),
+        ("nvidia-cufft", 5),
+        ("torchvision", layers.LAYERS),
+        ("a-package-nobody-named", layers.LAYERS),
+    ],
+)
+def test_each_package_has_one_layer_and_unknown_ones_go_last(name: str, layer: int) -> None:
+    assert layers.layer_of(name) == layer
+
+
+def test_the_dockerfile_installs_every_layer_in_order() -> None:
+    steps = [
+        line.split()[-1]
+        for line in (ROOT / "images/trainer/Dockerfile").read_text().splitlines()
+        if line.startswith("RUN python /opt/ddpfleet/build/layers.py")
+    ]
+    assert steps == ["plan", *(str(n) for n in range(1, layers.LAYERS + 1))]
+
+
+def wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
+    """A minimal, real wheel of one module named like the project."""
+    module = name.replace("-", "_")
+    info = f"{module}-{version}.dist-info"
+    files = {
+        f"{module}.py": b"",
+        f"{info}/METADATA": "\n".join(
+            ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+            + [f"Requires-Dist: {req}" for req in requires]
+        ).encode()
+        + b"\n",
+        f"{info}/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = [
+        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
+        for path, data in files.items()
+    ]
+    files[f"{info}/RECORD"] = ("\n".join([*record, f"{info}/RECORD,,"]) + "\n").encode()
+    with zipfile.ZipFile(folder / f"{module}-{version}-py3-none-any.whl", "w") as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+
+
+def test_plan_then_every_layer_installs_exactly_the_resolved_stack(tmp_path: Path) -> None:
+    """Real pip on a wheelhouse: the plan holds the pins and their dependencies, layer 1 installs
+    only its group, the last one the rest, and the stack then passes pip check."""
+    houses = tmp_path / "wheelhouse"
+    houses.mkdir()
+    wheel(houses, "torch", "2.0", ("nvidia-cudnn-cu13==9.1", "helper"))
+    wheel(houses, "nvidia-cudnn-cu13", "9.1")
+    wheel(houses, "nvidia-cudnn-cu13", "9.2")
+    wheel(houses, "helper", "1.0")
+    build = tmp_path / "build"
+    build.mkdir()
+    shutil.copy(ROOT / "images/trainer/layers.py", build)
+    (build / "requirements.txt").write_text("torch==2.0\n")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin/python")
+    env = {
+        "WHEELHOUSE_URL": str(houses),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PATH": "/usr/bin:/bin",
+    }
+
+    def installed() -> set[str]:
+        listing = subprocess.run(
+            [python, "-m", "pip", "list", "--format=json"],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        ).stdout
+        found = {f"{p['name']}=={p['version']}" for p in json.loads(listing)}
+        return {pin for pin in found if not pin.startswith(("pip==", "setuptools=="))}
+
+    def step(*args: str) -> None:
+        subprocess.run([python, str(build / "layers.py"), *args], check=True, env=env)
+
+    step("plan")
+    assert json.loads((build / "plan.json").read_text()) == [
+        "helper==1.0",
+        "nvidia-cudnn-cu13==9.1",
+        "torch==2.0",
+    ]
+    step("install", "1")
+    assert installed() >= {"nvidia-cudnn-cu13==9.1"}
+    assert not installed() & {"torch==2.0", "helper==1.0"}
+    step("install", "2")
+    assert "torch==2.0" in installed()
+    for layer in range(3, layers.LAYERS + 1):
+        step("install", str(layer))
+    assert installed() >= {"helper==1.0", "nvidia-cudnn-cu13==9.1", "torch==2.0"}
+
+
+def test_a_bad_step_is_refused_with_its_usage() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "images/trainer/layers.py"), "install", "9"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"usage: layers.py plan | install N (N = 1 .. {layers.LAYERS})"
