@@ -27,7 +27,7 @@ Outputs in ``--output-dir``: ``metrics.jsonl`` and ``summary.json`` (rank 0),
 ``checkpoints/step-<step>.pt``, ``logs/rank-<rank>.log``. Each rank's heartbeat,
 ``rank-<rank>.json`` (step, phase, liveness and progress times, last loss and img/s), is
 rewritten every ``$DDPFLEET_HEARTBEAT_INTERVAL`` s (default 1) by a thread, in
-``$DDPFLEET_HEARTBEAT_DIR`` (set by ``trainer.agent``, inside the container) or else in
+``$DDPFLEET_HEARTBEAT_DIR`` (set by ``ddpfleet_agent``, inside the container) or else in
 ``<output-dir>/heartbeat/``. A stop signal is agreed at the next ``--log-every`` step
 (or validation batch), then the ranks checkpoint and exit.
 Exit codes: 0 completed, 1 failed, 2 bad input, 143/130 stopped by SIGTERM/SIGINT after a

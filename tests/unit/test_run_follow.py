@@ -1,5 +1,5 @@
-"""trainer/agent/follow.py and its plugin, roles/trainer_run/action_plugins/ddpfleet_run_follow.py:
-the read command (trainer/agent/reader.py, run for real with /bin/sh on a run directory),
+"""ddpfleet_agent/follow.py and its plugin, roles/trainer_run/action_plugins/ddpfleet_run_follow.py:
+the read command (ddpfleet_agent/reader.py, run for real with /bin/sh on a run directory),
 parsing, outcomes (progress.json's status word, which the agents write: tests/unit/agent), the
 progress and status lines, and the follow loop fed with fake command results."""
 
@@ -17,7 +17,7 @@ from unittest import mock
 import pytest
 from plugin_loader import load_plugin, node_shell
 
-from trainer.agent import follow as view
+from ddpfleet_agent import follow as view
 
 follow = load_plugin(
     "ddpfleet_run_follow", "roles/trainer_run/action_plugins/ddpfleet_run_follow.py"

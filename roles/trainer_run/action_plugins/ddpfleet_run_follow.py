@@ -7,7 +7,7 @@ touches the run. The run has ended once progress.json's status says so (complete
 failed: node rank 0's agent writes it, after summary.json and report.txt). once: a single
 read, with the run's status word and status.yml's lines (containers: {host: docker state or
 ''}). Returns outcome, summary, exits, progress, config, attempt, links (the links planted among
-ddpfleet's own files: trainer/agent/reader.py) and lines (the progress lines shown).
+ddpfleet's own files: ddpfleet_agent/reader.py) and lines (the progress lines shown).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from ansible.errors import AnsibleConnectionFailure
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-# The run's records and lines are read by trainer.agent.follow (this checkout's copy, first on
+# The run's records and lines are read by ddpfleet_agent.follow (this checkout's copy, first on
 # the path: a controller venv may hold another "trainer").
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from trainer.agent.follow import parse, read_command, run_status, snapshot, status_lines
+from ddpfleet_agent.follow import parse, read_command, run_status, snapshot, status_lines
 
 display = Display()
 SPEC = {

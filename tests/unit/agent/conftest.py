@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.agent.ranks import descendants
+from ddpfleet_agent.ranks import descendants
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -91,11 +91,11 @@ sys.exit(int(mode[1]) if mode[0] == "exit" else 0)
 # The agent with one method replaced by one that raises: python -c DEFECT <agent args>.
 DEFECT = """
 import sys
-from trainer.agent import supervise
+from ddpfleet_agent import supervise
 def defect(self, *args, **kwargs):
     raise KeyError("a defect planted by the test")
 supervise.Agent.{method} = defect
-from trainer.agent.__main__ import main
+from ddpfleet_agent.__main__ import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -130,7 +130,7 @@ class Cluster:
         """Start every host's agent; ``defects[node]``: an Agent method that raises there (a
         stand-in for a bug in the agent itself, which is what its last-resort handler is for)."""
         for node, host in enumerate(self.hosts):
-            agent = ["-m", "trainer.agent"]
+            agent = ["-m", "ddpfleet_agent"]
             if defects and node in defects:
                 agent = ["-c", DEFECT.format(method=defects[node])]
             args = [sys.executable, *agent, "--run-dir", str(self.run_dir),

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from torch.distributed import TCPStore
 
-from trainer.agent.cli import BadAgentInput, parse_args
-from trainer.agent.report import report_lines
-from trainer.agent.wire import seal
+from ddpfleet_agent.cli import BadAgentInput, parse_args
+from ddpfleet_agent.report import report_lines
+from ddpfleet_agent.wire import seal
 
 
 def test_completed_run_records_every_host_and_writes_the_report(cluster):
@@ -262,7 +262,7 @@ def test_stop_escalates_to_sigkill_after_the_stop_timeout(cluster):
 
 def test_unreachable_store_fails_with_one_line(tmp_path):
     (tmp_path / "agent.key").write_text("k" * 64)
-    args = [sys.executable, "-m", "trainer.agent", "--run-dir", str(tmp_path), "--run-id", "t",
+    args = [sys.executable, "-m", "ddpfleet_agent", "--run-dir", str(tmp_path), "--run-id", "t",
             "--host", "b", "--node-rank", "1", "--hosts", "a,b", "--store", "127.0.0.1:1",
             "--key-file", str(tmp_path / "agent.key"), "--peer-timeout", "1",
             "--", "true"]  # fmt: skip
@@ -273,11 +273,11 @@ def test_unreachable_store_fails_with_one_line(tmp_path):
 
 def test_bad_command_line_is_one_line_and_exit_2():
     proc = subprocess.run(
-        [sys.executable, "-m", "trainer.agent", "--run-dir", "/tmp", "--", "true"],
+        [sys.executable, "-m", "ddpfleet_agent", "--run-dir", "/tmp", "--", "true"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 2
-    assert proc.stderr.startswith("trainer.agent: error:")
+    assert proc.stderr.startswith("ddpfleet_agent: error:")
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
@@ -320,7 +320,7 @@ def test_store_that_stops_answering_counts_as_its_host_failing(cluster):
 def test_a_host_that_lost_the_store_stands_in_for_node_rank_0_only_when_it_is_gone(tmp_path):
     """progress.json rewritten meanwhile: node rank 0's agent lives (this host is the one cut
     off) and will write the status word itself; unchanged: it is gone, this host writes it."""
-    from trainer.agent.supervise import Agent  # noqa: PLC0415 - loads torch
+    from ddpfleet_agent.supervise import Agent  # noqa: PLC0415 - loads torch
 
     args = ["--run-dir", str(tmp_path), "--run-id", "t1", "--hosts", "h0,h1", "--host", "h1",
             "--node-rank", "1", "--store", "127.0.0.1:1", "--attempt", "a1", "--key-file", "k",

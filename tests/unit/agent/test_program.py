@@ -8,9 +8,9 @@ import math
 import time
 from pathlib import Path
 
-from trainer.agent import ddpfleet_heartbeat
-from trainer.agent.ranks import rank_views, read_heartbeats
-from trainer.agent.wire import SHAPES
+from ddpfleet_agent import ddpfleet_heartbeat
+from ddpfleet_agent.ranks import rank_views, read_heartbeats
+from ddpfleet_agent.wire import SHAPES
 
 HELPER_DIR = Path(ddpfleet_heartbeat.__file__).parent
 

@@ -1,4 +1,4 @@
-"""trainer/agent/report.py and plot.py in-process: the run's status word, report.txt's table
+"""ddpfleet_agent/report.py and plot.py in-process: the run's status word, report.txt's table
 and the report.png chart node rank 0's agent writes for a completed run."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from trainer.agent import plot, report
-from trainer.agent.cli import BadAgentInput, parse_args
+from ddpfleet_agent import plot, report
+from ddpfleet_agent.cli import BadAgentInput, parse_args
 
 HOSTS = ["node1", "node2", "node3"]
 SUMMARY = {

@@ -1,4 +1,4 @@
-"""Read a run's records on a node, for the controller (``trainer.agent.follow``).
+"""Read a run's records on a node, for the controller (``ddpfleet_agent.follow``).
 
 Not imported: the follow plugin runs this file's text with the node's own python3 (``python3
 -c``, as root through become), so it uses the standard library only. It drops to the storage

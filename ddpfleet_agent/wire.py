@@ -1,5 +1,5 @@
 """What the agents put in their store: the shape each key must have to be acted on, and the
-seal that proves an agent of this run wrote it (``trainer.agent.peers`` reads and writes them).
+seal that proves an agent of this run wrote it (``ddpfleet_agent.peers`` reads and writes them).
 
 A value is ``{"v": <the JSON value>, "mac": <hex>}``, the MAC being HMAC-SHA256 under the run's
 secret (``agent.key``) over the key's name, a newline and the value's JSON with sorted keys.
@@ -12,7 +12,7 @@ import hmac
 import json
 from collections.abc import Callable
 
-from trainer.agent.ranks import number
+from ddpfleet_agent.ranks import number
 
 # What each key must hold to be acted on, as the agents write it (``Agent._record``,
 # ``Agent._failure``, ``request_stop``, ``Agent._finish``). Every agent reads every key each

@@ -1,6 +1,6 @@
 """How a run ended: its status word (progress.json's ``status``), and for a completed run
 ``report.txt`` (the table train.yml and status.yml show) and ``report.png`` (loss and img/s
-over steps, :mod:`trainer.agent.plot`), written by node rank 0's agent.
+over steps, :mod:`ddpfleet_agent.plot`), written by node rank 0's agent.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import stat
 import statistics
 from pathlib import Path
 
-from trainer.agent.plot import render_png
-from trainer.agent.ranks import number
-from trainer.agent.records import read_json, write_bytes_atomic
+from ddpfleet_agent.plot import render_png
+from ddpfleet_agent.ranks import number
+from ddpfleet_agent.records import read_json, write_bytes_atomic
 
 METRICS_MAX = 64 << 20  # bytes of metrics.jsonl read for the plot
 

@@ -1,6 +1,6 @@
 """The run agent: PID 1 of every run container, supervising its host's ranks.
 
-``python -m trainer.agent --run-dir D --run-id R --host H --node-rank N --hosts h0,h1,...
+``python -m ddpfleet_agent --run-dir D --run-id R --host H --node-rank N --hosts h0,h1,...
 --store ADDR:PORT [--peer-timeout S] [--heartbeat-timeout S] [--stop-timeout S]
 [--max-runtime S] [--attempt A] [--log-tail-lines N] [--world-size N] [--straggler-ratio R]
 -- torchrun ... -m trainer ...``
@@ -23,7 +23,7 @@ connect to it. Each agent:
   writes a failure into ``summary.json`` and keeps ``progress.json`` current; its last
   ``progress.json`` has the run's ``status`` (completed, stopped or failed, from every host's
   exit: what train.yml and status.yml read), after ``report.txt`` and ``report.png`` of a
-  completed run (``trainer.agent.report``; ``--straggler-ratio``).
+  completed run (``ddpfleet_agent.report``; ``--straggler-ratio``).
 
 Nothing needs the controller: the run goes on and ends the same way without it.
 """

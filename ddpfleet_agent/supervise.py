@@ -11,11 +11,11 @@ import traceback
 from pathlib import Path
 from types import FrameType
 
-from trainer.agent.cli import AgentConfig
-from trainer.agent.peers import Peers, StoreLost, hang_cause
-from trainer.agent.ranks import LocalRanks, rank_views
-from trainer.agent.records import Records, cause_line
-from trainer.agent.report import run_status
+from ddpfleet_agent.cli import AgentConfig
+from ddpfleet_agent.peers import Peers, StoreLost, hang_cause
+from ddpfleet_agent.ranks import LocalRanks, rank_views
+from ddpfleet_agent.records import Records, cause_line
+from ddpfleet_agent.report import run_status
 
 EXIT_STOPPED = 143
 PROGRESS_EVERY = 2.0

@@ -132,9 +132,9 @@ class Records:
         return read_json(self.run_dir / "progress.json")
 
     def write_report(self, run_id: str, hosts: list[str], nproc: int, ratio: float) -> None:
-        """report.txt and report.png of a completed run (trainer.agent.report), queued after
+        """report.txt and report.png of a completed run (ddpfleet_agent.report), queued after
         the summary writes and before the final progress.json."""
-        from trainer.agent.report import write_report  # noqa: PLC0415 - report imports this
+        from ddpfleet_agent.report import write_report  # noqa: PLC0415 - report imports this
 
         def job() -> None:
             note = write_report(self.run_dir, run_id, hosts, nproc, ratio)

@@ -57,7 +57,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m trainer.agent", add_help=True)
+    p = _Parser(prog="python -m ddpfleet_agent", add_help=True)
     p.add_argument("--run-dir", required=True)
     p.add_argument("--run-id", required=True)
     p.add_argument("--host", required=True)

@@ -1,11 +1,11 @@
-"""``python -m trainer.agent ... -- <command>``: see the package docstring."""
+"""``python -m ddpfleet_agent ... -- <command>``: see the package docstring."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from trainer.agent.cli import BadAgentInput, parse_args
+from ddpfleet_agent.cli import BadAgentInput, parse_args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -13,7 +13,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(sys.argv[1:] if argv is None else argv)
     except BadAgentInput as exc:
-        sys.stderr.write(f"trainer.agent: error: {exc}\n")
+        sys.stderr.write(f"ddpfleet_agent: error: {exc}\n")
         return 2
     # Nothing the run writes is world-readable (its logs carry the command line, whose
     # program arguments may be secrets): the agent's files and its ranks' are 0640 / 0750,
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     # those in one line itself. The ranks get the user's setting back.
     child_env = dict(os.environ)
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    from trainer.agent.supervise import Agent  # noqa: PLC0415 - torch loads only for a valid call
+    from ddpfleet_agent.supervise import Agent  # noqa: PLC0415 - torch loads only for a valid call
 
     return Agent(cfg, child_env).run()
 

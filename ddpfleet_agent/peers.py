@@ -21,8 +21,8 @@ from pathlib import Path
 
 from torch.distributed import TCPStore
 
-from trainer.agent.cli import AgentConfig
-from trainer.agent.wire import SHAPES, seal, unseal
+from ddpfleet_agent.cli import AgentConfig
+from ddpfleet_agent.wire import SHAPES, seal, unseal
 
 # A rank's heartbeat thread beats every second (DDPFLEET_HEARTBEAT_INTERVAL); one this recent
 # is running.
@@ -215,7 +215,7 @@ def hang_cause(views: dict[int, dict], hosts: list[str], timeout: float) -> dict
     ]
     if not stuck:
         return None
-    from trainer.agent.ranks import FROZEN_AFTER  # noqa: PLC0415 - avoid a cycle at import
+    from ddpfleet_agent.ranks import FROZEN_AFTER  # noqa: PLC0415 - avoid a cycle at import
 
     def frozen(r: dict) -> bool:
         return (r.get("live_age") or 0) > min(FROZEN_AFTER, timeout)

@@ -1,7 +1,7 @@
 """The run's state as the controller shows it, from the records its agents write.
 
 train.yml's follow and status.yml read a run with one command on node rank 0's host
-(``read_command``: ``trainer/agent/reader.py`` run by that host's python3, read-only), then
+(``read_command``: ``ddpfleet_agent/reader.py`` run by that host's python3, read-only), then
 ``snapshot`` picks one attempt's records, ``progress_line`` is the line printed while
 following, and ``run_status``/``status_lines`` are status.yml's report. The Ansible side is
 ``roles/trainer_run/action_plugins/ddpfleet_run_follow.py``.
