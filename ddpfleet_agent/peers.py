@@ -24,10 +24,6 @@ from torch.distributed import TCPStore
 from ddpfleet_agent.cli import AgentConfig
 from ddpfleet_agent.wire import SHAPES, seal, unseal
 
-# A rank's heartbeat thread beats every second (DDPFLEET_HEARTBEAT_INTERVAL); one this recent
-# is running.
-LIVE_FRESH = 2.5
-
 
 class StoreLost(RuntimeError):
     """The connection to the run's store failed: its host counts as failed."""
@@ -192,48 +188,3 @@ class Peers:
 
     def all_exited(self) -> bool:
         return all(node in self.exits or node == self.cfg.node_rank for node in range(self.n))
-
-
-def hang_cause(views: dict[int, dict], hosts: list[str], timeout: float) -> dict | None:
-    """The root cause of a hang, or None: when some rank in phase train/validate has not
-    progressed for `timeout` s, the rank whose step stopped first (a frozen rank before
-    live ones, then lowest step, then the longest without progress) is named.
-
-    Frozen means its heartbeat thread has been silent past min(FROZEN_AFTER, timeout), the
-    limit its own agent judges by; hung means it is still beating (within LIVE_FRESH s).
-    A root cause whose heartbeat is late but not that late yet is not judged now: a frozen
-    rank stops beating and progressing together, so its progress passes `timeout` first,
-    and calling it "hung" then would race its own agent's "frozen"."""
-    ranks = []
-    for node, view in views.items():
-        for r in view.get("ranks") or []:
-            ranks.append((node, r))
-    stuck = [
-        (node, r)
-        for node, r in ranks
-        if r.get("phase") in ("train", "validate") and (r.get("progress_age") or 0) > timeout
-    ]
-    if not stuck:
-        return None
-    from ddpfleet_agent.ranks import FROZEN_AFTER  # noqa: PLC0415 - avoid a cycle at import
-
-    def frozen(r: dict) -> bool:
-        return (r.get("live_age") or 0) > min(FROZEN_AFTER, timeout)
-
-    def key(item: tuple[int, dict]) -> tuple[int, int, float]:
-        r = item[1]
-        return (0 if frozen(r) else 1, int(r.get("step") or 0), -float(r.get("progress_age") or 0))
-
-    node, r = sorted(ranks, key=key)[0]
-    if not frozen(r) and (r.get("live_age") or 0) > LIVE_FRESH:
-        return None  # its heartbeat is late: frozen soon, or beating again
-    what = "frozen (no heartbeat" if frozen(r) else "hung (no progress"
-    age = r.get("live_age") if frozen(r) else r.get("progress_age")
-    return {
-        "host": hosts[node],
-        "node_rank": node,
-        "rank": r["rank"],
-        "exit_code": None,
-        "reason": f"rank {r['rank']} {what} for {float(age or 0):.0f}s at step {r.get('step')}, "
-        f"phase {r.get('phase')})",
-    }

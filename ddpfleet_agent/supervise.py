@@ -11,21 +11,20 @@ import traceback
 from pathlib import Path
 from types import FrameType
 
+from ddpfleet_agent import failures
 from ddpfleet_agent.cli import AgentConfig
-from ddpfleet_agent.peers import Peers, StoreLost, hang_cause
+from ddpfleet_agent.ending import EXIT_STOPPED, PROGRESS_EVERY, Ending
+from ddpfleet_agent.failures import Failure
+from ddpfleet_agent.peers import Peers, StoreLost
 from ddpfleet_agent.ranks import LocalRanks, rank_views
-from ddpfleet_agent.records import Records, cause_line
-from ddpfleet_agent.report import run_status
-
-EXIT_STOPPED = 143
-PROGRESS_EVERY = 2.0
+from ddpfleet_agent.records import Records
 
 
 def _stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-class Agent:
+class Agent(Ending):
     def __init__(self, cfg: AgentConfig, child_env: dict[str, str] | None = None):
         self.cfg = cfg
         self.child_env = dict(os.environ) if child_env is None else child_env
@@ -50,19 +49,11 @@ class Agent:
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.signum = self.signum or signum
 
-    def _failure(self, node: int, rank: int | None, code: int | None, reason: str) -> dict:
+    def _failure(self, node: int, rank: int | None, code: int | None, reason: str) -> Failure:
         if rank is None:  # a whole host: name its first rank (the only one with one per host)
             ranks = [r["rank"] for r in self.peers.views.get(node, {}).get("ranks") or []]
             rank = min(ranks) if ranks else None
-        return {
-            "host": self.cfg.hosts[node],
-            "node_rank": node,
-            "rank": rank,
-            "exit_code": code,
-            "reason": reason,
-            "time": time.time(),
-            "claimed_by": self.cfg.host,
-        }
+        return failures.failure(self.cfg.hosts, node, rank, code, reason, judge=self.cfg.host)
 
     def _claim(self, failure: dict) -> dict:
         try:
@@ -213,51 +204,23 @@ class Agent:
         self.failure = self._claim(mine)
         return "failed", code
 
-    def _check(self, now: float) -> dict | None:
-        """A failure this agent sees while its command runs, or None."""
+    def _check(self, now: float) -> Failure | None:
+        """A failure this agent sees while its command runs, or None (failures.py's rules)."""
         cfg = self.cfg
         beats = rank_views(self.ranks.heartbeats(), now)
-        for r in beats:
-            # "done" is a rank's last record: it is exiting (process-group teardown, loader
-            # workers, interpreter shutdown: seconds on a busy host), not frozen, until it
-            # outlasts the stop timeout too.
-            done = r["phase"] == "done"
-            limit = max(cfg.heartbeat_timeout, cfg.stop_timeout) if done else cfg.heartbeat_timeout
-            if r["live_age"] is not None and r["live_age"] > limit:
-                what = "did not exit" if done else "frozen"
-                return self._failure(
-                    cfg.node_rank,
-                    r["rank"],
-                    None,
-                    f"rank {r['rank']} {what} (no heartbeat for {r['live_age']:.0f}s "
-                    f"at step {r['step']}, phase {r['phase']})",
-                )
-        hang = hang_cause(self.peers.views, cfg.hosts, cfg.heartbeat_timeout)
+        frozen = failures.rank_problem(beats, cfg.heartbeat_timeout, cfg.stop_timeout)
+        if frozen is not None:
+            return self._failure(cfg.node_rank, frozen[0], None, frozen[1])
+        hang = failures.hang_cause(self.peers.views, cfg.hosts, cfg.heartbeat_timeout)
         if hang is not None:
             hang.update(time=now, claimed_by=cfg.host)
             return hang
         silent = self.peers.silent(now, cfg.peer_timeout)
-        if silent:
-            others = len(cfg.hosts) - 1
-            if others >= 2 and len(silent) == others:
-                return self._failure(
-                    cfg.node_rank,
-                    None,
-                    None,
-                    "lost contact with every other host (this host is cut off)",
-                )
-            return self._failure(
-                silent[0],
-                None,
-                None,
-                f"no keepalive from its agent for {cfg.peer_timeout:.0f}s "
-                "(host unreachable or gone)",
-            )
-        if cfg.max_runtime and now - self.ranks.started > cfg.max_runtime:
-            return self._failure(
-                cfg.node_rank, None, None, f"still running after max_runtime {cfg.max_runtime:.0f}s"
-            )
-        return None
+        gone = failures.host_problem(silent, len(cfg.hosts), cfg.node_rank, cfg.peer_timeout)
+        if gone is not None:
+            return self._failure(gone[0], None, None, gone[1])
+        late = failures.runtime_problem(self.ranks.started, now, cfg.max_runtime)
+        return None if late is None else self._failure(cfg.node_rank, None, None, late)
 
     def _progress(self, now: float) -> None:
         """Node rank 0 keeps progress.json current (every PROGRESS_EVERY s)."""
@@ -296,122 +259,3 @@ class Agent:
             "elapsed_sec": round(now - self.ranks.started, 1) if self.ranks.started else 0.0,
             "program": cfg.program,
         }  # fmt: skip
-
-    # --- the end ------------------------------------------------------------------------
-    def _finish(self, outcome: str, code: int) -> int:
-        cfg = self.cfg
-        self.ranks.kill_all()
-        self.ranks.wait_output()
-        if outcome == "failed" and self.failure:
-            self.say(cause_line(cfg.run_id, self.failure))
-        else:
-            self.say(f"{outcome} (exit code {code})")
-        exit_rec = {"host": cfg.host, "node_rank": cfg.node_rank, "attempt": cfg.attempt,
-                    "exit_code": code, "outcome": outcome, "time": time.time()}  # fmt: skip
-        if self.failure:
-            exit_rec["failure"] = self.failure
-        if self.store_ok:
-            try:
-                self.peers.report_exit(exit_rec)
-            except StoreLost:
-                self.store_ok = False
-        self.records.write_exit(exit_rec)
-        self._write_summary(outcome)
-        if cfg.is_server and self.store_ok:
-            self._wait_for_peers(outcome)
-        if cfg.is_server and cfg.program:
-            self._write_program_summary(outcome, exit_rec)
-        if cfg.is_server:
-            self._write_end(outcome)
-        if not self.records.flush(30.0):
-            print(
-                "ddpfleet agent: shared storage did not take the last records within 30 s",
-                flush=True,
-            )
-        return code if outcome != "stopped" else EXIT_STOPPED
-
-    def _write_end(self, outcome: str) -> None:
-        """Node rank 0: the run's status word from every host's exit it heard of, the report of
-        a completed run, then the final progress.json (what the follower waits for)."""
-        cfg = self.cfg
-        outcomes = {cfg.hosts[n]: rec.get("outcome") for n, rec in self.peers.exits.items()}
-        status = run_status(cfg.hosts, {**outcomes, cfg.host: outcome}, self.failure is not None)
-        if status == "completed":
-            self.records.write_report(cfg.run_id, cfg.hosts, cfg.nproc, cfg.straggler_ratio)
-        record = self._progress_record(time.time(), "ended", status)
-        self.records.write_progress(record, final=True)
-
-    def _write_summary(self, outcome: str) -> None:
-        cfg = self.cfg
-        if outcome == "failed" and self.failure:
-            if cfg.is_server:
-                self.records.write_failure(
-                    cfg.run_id, cfg.attempt, self.failure, cfg.log_tail_lines
-                )
-            elif not self.store_ok:
-                # The store's host is gone or this host is cut off: write the cause only if
-                # node rank 0 did not (it may still be there and have seen better).
-                before = self.records.progress()
-                time.sleep(max(cfg.settle * 2, 3 * PROGRESS_EVERY))
-                self.records.flush(10.0)
-                if (
-                    self.records.summary().get("attempt") != cfg.attempt
-                    or "failure" not in self.records.summary()
-                ):
-                    self.records.write_failure(
-                        cfg.run_id, cfg.attempt, self.failure, cfg.log_tail_lines
-                    )
-                self._stand_in_for_rank0(before)
-        elif outcome == "stopped" and cfg.is_server and self.escalated:
-            self.records.write_stopped(cfg.attempt)
-
-    def _stand_in_for_rank0(self, before: dict) -> None:
-        """progress.json unchanged while node rank 0's agent would have rewritten it (every
-        PROGRESS_EVERY s): that agent is gone, so say in its place that the run failed (a cut
-        off host sees it change and leaves it to node rank 0)."""
-        cfg = self.cfg
-        now = self.records.progress()
-        if now != before or (now.get("attempt") == cfg.attempt and now.get("state") == "ended"):
-            return
-        record = {**now, "run_id": cfg.run_id, "attempt": cfg.attempt, "state": "ended",
-                  "status": "failed", "time": time.time()}  # fmt: skip
-        self.records.write_progress(record, final=True)
-
-    def _write_program_summary(self, outcome: str, mine: dict) -> None:
-        cfg = self.cfg
-        exits = {**self.peers.exits, cfg.node_rank: mine}
-        hosts = {
-            name: {
-                "exit_code": exits.get(node, {}).get("exit_code"),
-                "outcome": exits.get(node, {}).get("outcome", "no exit record"),
-            }
-            for node, name in enumerate(cfg.hosts)
-        }
-        started = self.ranks.started or time.time()
-        facts = {"program": cfg.program, "world_size": cfg.world_size, "hosts": hosts,
-                 "started_at": started, "ended_at": mine["time"],
-                 "wall_time_sec": round(mine["time"] - started, 1)}  # fmt: skip
-        self.records.write_program_summary(
-            cfg.run_id, cfg.attempt, outcome, facts, cfg.log_tail_lines
-        )
-
-    def _wait_for_peers(self, outcome: str) -> None:
-        """Serve the store until every other agent reported its exit, up to peer_timeout. After
-        a failure, hosts already silent (or named as gone by it) are not waited for; after a
-        completed run every host is: a loaded host's agent can be seconds late, and skipping
-        it left it "running" in the final progress.json (seen with a 2-core host busy)."""
-        gone: set[int] = set()
-        if outcome != "completed":
-            gone.update(self.peers.silent(time.time(), self.cfg.settle))
-        if self.failure and self.failure.get("exit_code") is None:
-            gone.add(int(self.failure.get("node_rank", -1)))
-        deadline = time.time() + self.cfg.peer_timeout
-        while time.time() < deadline:
-            try:
-                self.peers.exchange(self._record("exited"))
-            except StoreLost:
-                return
-            waiting = [n for n in range(len(self.cfg.hosts)) if n != self.cfg.node_rank]
-            if all(n in self.peers.exits or n in gone for n in waiting):
-                return
-            time.sleep(self.cfg.tick)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpfleet_agent.peers import hang_cause
+from ddpfleet_agent.failures import hang_cause
 
 HOSTS = ["h0", "h1"]
 

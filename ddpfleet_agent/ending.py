@@ -1,0 +1,164 @@
+"""How an agent ends its run: its exit record, the run's summary, progress and report.
+
+The ``Ending`` half of ``supervise.Agent``: every host's agent reports its exit (store and
+``nodes/<host>.exit.json``) and, where it judged a failure, the cause; node rank 0's agent then
+waits for the others' exits, writes summary.json's outcome, the report of a completed run and
+the final progress.json that train.yml's follower waits for. A host cut off from node rank 0
+writes the cause itself if nobody else did.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from ddpfleet_agent.peers import StoreLost
+from ddpfleet_agent.records import cause_line
+from ddpfleet_agent.report import run_status
+
+if TYPE_CHECKING:
+    from ddpfleet_agent.cli import AgentConfig
+    from ddpfleet_agent.failures import Failure
+    from ddpfleet_agent.peers import Peers
+    from ddpfleet_agent.ranks import LocalRanks
+    from ddpfleet_agent.records import Records
+
+EXIT_STOPPED = 143
+PROGRESS_EVERY = 2.0  # seconds between node rank 0's progress.json writes
+
+
+class Ending:
+    cfg: AgentConfig
+    records: Records
+    ranks: LocalRanks
+    peers: Peers
+    failure: Failure | None
+    store_ok: bool
+    escalated: bool
+
+    def say(self, text: str) -> None:
+        raise NotImplementedError
+
+    def _record(self, state: str) -> dict:
+        raise NotImplementedError
+
+    def _progress_record(self, now: float, state: str, status: str = "running") -> dict:
+        raise NotImplementedError
+
+    def _finish(self, outcome: str, code: int) -> int:
+        cfg = self.cfg
+        self.ranks.kill_all()
+        self.ranks.wait_output()
+        if outcome == "failed" and self.failure:
+            self.say(cause_line(cfg.run_id, self.failure))
+        else:
+            self.say(f"{outcome} (exit code {code})")
+        exit_rec = {"host": cfg.host, "node_rank": cfg.node_rank, "attempt": cfg.attempt,
+                    "exit_code": code, "outcome": outcome, "time": time.time()}  # fmt: skip
+        if self.failure:
+            exit_rec["failure"] = self.failure
+        if self.store_ok:
+            try:
+                self.peers.report_exit(exit_rec)
+            except StoreLost:
+                self.store_ok = False
+        self.records.write_exit(exit_rec)
+        self._write_summary(outcome)
+        if cfg.is_server and self.store_ok:
+            self._wait_for_peers(outcome)
+        if cfg.is_server and cfg.program:
+            self._write_program_summary(outcome, exit_rec)
+        if cfg.is_server:
+            self._write_end(outcome)
+        if not self.records.flush(30.0):
+            print(
+                "ddpfleet agent: shared storage did not take the last records within 30 s",
+                flush=True,
+            )
+        return code if outcome != "stopped" else EXIT_STOPPED
+
+    def _write_end(self, outcome: str) -> None:
+        """Node rank 0: the run's status word from every host's exit it heard of, the report of
+        a completed run, then the final progress.json (what the follower waits for)."""
+        cfg = self.cfg
+        outcomes = {cfg.hosts[n]: rec.get("outcome") for n, rec in self.peers.exits.items()}
+        status = run_status(cfg.hosts, {**outcomes, cfg.host: outcome}, self.failure is not None)
+        if status == "completed":
+            self.records.write_report(cfg.run_id, cfg.hosts, cfg.nproc, cfg.straggler_ratio)
+        record = self._progress_record(time.time(), "ended", status)
+        self.records.write_progress(record, final=True)
+
+    def _write_summary(self, outcome: str) -> None:
+        cfg = self.cfg
+        if outcome == "failed" and self.failure:
+            if cfg.is_server:
+                self.records.write_failure(
+                    cfg.run_id, cfg.attempt, self.failure, cfg.log_tail_lines
+                )
+            elif not self.store_ok:
+                # The store's host is gone or this host is cut off: write the cause only if
+                # node rank 0 did not (it may still be there and have seen better).
+                before = self.records.progress()
+                time.sleep(max(cfg.settle * 2, 3 * PROGRESS_EVERY))
+                self.records.flush(10.0)
+                if (
+                    self.records.summary().get("attempt") != cfg.attempt
+                    or "failure" not in self.records.summary()
+                ):
+                    self.records.write_failure(
+                        cfg.run_id, cfg.attempt, self.failure, cfg.log_tail_lines
+                    )
+                self._stand_in_for_rank0(before)
+        elif outcome == "stopped" and cfg.is_server and self.escalated:
+            self.records.write_stopped(cfg.attempt)
+
+    def _stand_in_for_rank0(self, before: dict) -> None:
+        """progress.json unchanged while node rank 0's agent would have rewritten it (every
+        PROGRESS_EVERY s): that agent is gone, so say in its place that the run failed (a cut
+        off host sees it change and leaves it to node rank 0)."""
+        cfg = self.cfg
+        now = self.records.progress()
+        if now != before or (now.get("attempt") == cfg.attempt and now.get("state") == "ended"):
+            return
+        record = {**now, "run_id": cfg.run_id, "attempt": cfg.attempt, "state": "ended",
+                  "status": "failed", "time": time.time()}  # fmt: skip
+        self.records.write_progress(record, final=True)
+
+    def _write_program_summary(self, outcome: str, mine: dict) -> None:
+        cfg = self.cfg
+        exits = {**self.peers.exits, cfg.node_rank: mine}
+        hosts = {
+            name: {
+                "exit_code": exits.get(node, {}).get("exit_code"),
+                "outcome": exits.get(node, {}).get("outcome", "no exit record"),
+            }
+            for node, name in enumerate(cfg.hosts)
+        }
+        started = self.ranks.started or time.time()
+        facts = {"program": cfg.program, "world_size": cfg.world_size, "hosts": hosts,
+                 "started_at": started, "ended_at": mine["time"],
+                 "wall_time_sec": round(mine["time"] - started, 1)}  # fmt: skip
+        self.records.write_program_summary(
+            cfg.run_id, cfg.attempt, outcome, facts, cfg.log_tail_lines
+        )
+
+    def _wait_for_peers(self, outcome: str) -> None:
+        """Serve the store until every other agent reported its exit, up to peer_timeout. After
+        a failure, hosts already silent (or named as gone by it) are not waited for; after a
+        completed run every host is: a loaded host's agent can be seconds late, and skipping
+        it left it "running" in the final progress.json (seen with a 2-core host busy)."""
+        gone: set[int] = set()
+        if outcome != "completed":
+            gone.update(self.peers.silent(time.time(), self.cfg.settle))
+        if self.failure and self.failure.get("exit_code") is None:
+            gone.add(int(self.failure.get("node_rank", -1)))
+        deadline = time.time() + self.cfg.peer_timeout
+        while time.time() < deadline:
+            try:
+                self.peers.exchange(self._record("exited"))
+            except StoreLost:
+                return
+            waiting = [n for n in range(len(self.cfg.hosts)) if n != self.cfg.node_rank]
+            if all(n in self.peers.exits or n in gone for n in waiting):
+                return
+            time.sleep(self.cfg.tick)

@@ -1,0 +1,125 @@
+"""The failure rules of a run: every way the agents judge a run failed, in one place.
+
+A failure is a ``Failure`` record (a JSON object: it goes through the run's store to the other
+agents and into summary.json). The agent that sees one claims it in the store, so every host
+names the same cause. What each rule sees:
+
+- ``rank_problem``: a rank of this host whose heartbeat thread fell silent (frozen), or that
+  said "done" and did not exit, past the heartbeat timeout;
+- ``hang_cause``: a rank anywhere that beats but has not progressed (hung), or that froze;
+- ``host_problem``: another host's agent silent past the peer timeout (gone or unreachable),
+  or every other host silent at once (this host is cut off);
+- ``runtime_problem``: the run past its ``max_runtime``;
+- a rank's own non-zero exit, named by the agent from torchrun's root cause (ranks.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TypedDict
+
+from ddpfleet_agent.ranks import FROZEN_AFTER
+
+# A rank's heartbeat thread beats every second (DDPFLEET_HEARTBEAT_INTERVAL); one this recent
+# is running.
+LIVE_FRESH = 2.5
+
+
+class Failure(TypedDict, total=False):
+    host: str  # the host named as the cause
+    node_rank: int
+    rank: int | None  # its global rank, where one rank is to blame
+    exit_code: int | None  # None: it did not exit (frozen, hung, gone, cut off)
+    reason: str  # one line, e.g. "rank 2 frozen (no heartbeat for 31s at step 7, phase train)"
+    time: float
+    claimed_by: str  # the host whose agent judged it
+
+
+def failure(
+    hosts: list[str], node: int, rank: int | None, code: int | None, reason: str, *, judge: str
+) -> Failure:
+    return {"host": hosts[node], "node_rank": node, "rank": rank, "exit_code": code,
+            "reason": reason, "time": time.time(), "claimed_by": judge}  # fmt: skip
+
+
+def rank_problem(
+    beats: list[dict], heartbeat_timeout: float, stop_timeout: float
+) -> tuple[int, str] | None:
+    """(rank, reason) of a local rank frozen past the heartbeat timeout, or None. "done" is a
+    rank's last record: it is exiting (process-group teardown, loader workers, interpreter
+    shutdown: seconds on a busy host), not frozen, until it outlasts the stop timeout too."""
+    for r in beats:
+        done = r["phase"] == "done"
+        limit = max(heartbeat_timeout, stop_timeout) if done else heartbeat_timeout
+        if r["live_age"] is not None and r["live_age"] > limit:
+            what = "did not exit" if done else "frozen"
+            return r["rank"], (
+                f"rank {r['rank']} {what} (no heartbeat for {r['live_age']:.0f}s "
+                f"at step {r['step']}, phase {r['phase']})"
+            )
+    return None
+
+
+def host_problem(
+    silent: list[int], hosts: int, this_node: int, peer_timeout: float
+) -> tuple[int, str] | None:
+    """(node, reason) when other hosts' agents are silent past the peer timeout, or None:
+    every other one at once (with two or more) means this host is the one cut off."""
+    if not silent:
+        return None
+    others = hosts - 1
+    if others >= 2 and len(silent) == others:
+        return this_node, "lost contact with every other host (this host is cut off)"
+    return silent[0], (
+        f"no keepalive from its agent for {peer_timeout:.0f}s (host unreachable or gone)"
+    )
+
+
+def runtime_problem(started: float, now: float, max_runtime: float) -> str | None:
+    if max_runtime and started and now - started > max_runtime:
+        return f"still running after max_runtime {max_runtime:.0f}s"
+    return None
+
+
+def hang_cause(views: dict[int, dict], hosts: list[str], timeout: float) -> Failure | None:
+    """The root cause of a hang, or None: when some rank in phase train/validate has not
+    progressed for `timeout` s, the rank whose step stopped first (a frozen rank before
+    live ones, then lowest step, then the longest without progress) is named.
+
+    Frozen means its heartbeat thread has been silent past min(FROZEN_AFTER, timeout), the
+    limit its own agent judges by; hung means it is still beating (within LIVE_FRESH s).
+    A root cause whose heartbeat is late but not that late yet is not judged now: a frozen
+    rank stops beating and progressing together, so its progress passes `timeout` first,
+    and calling it "hung" then would race its own agent's "frozen"."""
+    ranks = []
+    for node, view in views.items():
+        for r in view.get("ranks") or []:
+            ranks.append((node, r))
+    stuck = [
+        (node, r)
+        for node, r in ranks
+        if r.get("phase") in ("train", "validate") and (r.get("progress_age") or 0) > timeout
+    ]
+    if not stuck:
+        return None
+
+    def frozen(r: dict) -> bool:
+        return (r.get("live_age") or 0) > min(FROZEN_AFTER, timeout)
+
+    def key(item: tuple[int, dict]) -> tuple[int, int, float]:
+        r = item[1]
+        return (0 if frozen(r) else 1, int(r.get("step") or 0), -float(r.get("progress_age") or 0))
+
+    node, r = sorted(ranks, key=key)[0]
+    if not frozen(r) and (r.get("live_age") or 0) > LIVE_FRESH:
+        return None  # its heartbeat is late: frozen soon, or beating again
+    what = "frozen (no heartbeat" if frozen(r) else "hung (no progress"
+    age = r.get("live_age") if frozen(r) else r.get("progress_age")
+    return {  # time and claimed_by: added by the agent that judges it
+        "host": hosts[node],
+        "node_rank": node,
+        "rank": r["rank"],
+        "exit_code": None,
+        "reason": f"rank {r['rank']} {what} for {float(age or 0):.0f}s at step {r.get('step')}, "
+        f"phase {r.get('phase')})",
+    }
