@@ -108,6 +108,17 @@ def test_image_carries_the_pinned_stack(host: Any, image: dict[str, Any], ref: s
     assert found["jpeg regions"] == "/opt/ddpfleet/venv/lib/libddpfleet_jpeg.so"
 
 
+def test_image_runs_the_run_agent(host: Any, image: dict[str, Any], ref: str) -> None:
+    """Every run container's PID 1 is `python -m ddpfleet_agent`: the image's wheel holds it."""
+    if not image["is_trainer"]:
+        pytest.skip("not a trainer: the image is pre-pulled on trainers only")
+    agent = docker_run(
+        host, ref, "python -c 'import ddpfleet_agent.supervise as s; print(s.Agent.__name__)'"
+    )
+    assert agent.rc == 0, agent.stderr
+    assert agent.stdout.strip() == "Agent"
+
+
 def manifest(host: Any, reference: str) -> dict[str, Any]:
     shown = host.run(f"docker manifest inspect {shlex.quote(reference)}")
     assert shown.rc == 0, f"the registry lacks {reference}: {shown.stderr}"
