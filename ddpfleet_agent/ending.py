@@ -35,15 +35,7 @@ class Ending:
     failure: Failure | None
     store_ok: bool
     escalated: bool
-
-    def say(self, text: str) -> None:
-        raise NotImplementedError
-
-    def _record(self, state: str) -> dict:
-        raise NotImplementedError
-
-    def _progress_record(self, now: float, state: str, status: str = "running") -> dict:
-        raise NotImplementedError
+    # and, from supervise.Agent: say(), _record() and _progress_record()
 
     def _finish(self, outcome: str, code: int) -> int:
         cfg = self.cfg

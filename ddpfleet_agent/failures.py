@@ -81,7 +81,9 @@ def runtime_problem(started: float, now: float, max_runtime: float) -> str | Non
     return None
 
 
-def hang_cause(views: dict[int, dict], hosts: list[str], timeout: float) -> Failure | None:
+def hang_cause(
+    views: dict[int, dict], hosts: list[str], timeout: float, *, judge: str
+) -> Failure | None:
     """The root cause of a hang, or None: when some rank in phase train/validate has not
     progressed for `timeout` s, the rank whose step stopped first (a frozen rank before
     live ones, then lowest step, then the longest without progress) is named.
@@ -115,11 +117,6 @@ def hang_cause(views: dict[int, dict], hosts: list[str], timeout: float) -> Fail
         return None  # its heartbeat is late: frozen soon, or beating again
     what = "frozen (no heartbeat" if frozen(r) else "hung (no progress"
     age = r.get("live_age") if frozen(r) else r.get("progress_age")
-    return {  # time and claimed_by: added by the agent that judges it
-        "host": hosts[node],
-        "node_rank": node,
-        "rank": r["rank"],
-        "exit_code": None,
-        "reason": f"rank {r['rank']} {what} for {float(age or 0):.0f}s at step {r.get('step')}, "
-        f"phase {r.get('phase')})",
-    }
+    at = f"at step {r.get('step')}, phase {r.get('phase')})"
+    reason = f"rank {r['rank']} {what} for {float(age or 0):.0f}s {at}"
+    return failure(hosts, node, r["rank"], None, reason, judge=judge)

@@ -211,9 +211,10 @@ class Agent(Ending):
         frozen = failures.rank_problem(beats, cfg.heartbeat_timeout, cfg.stop_timeout)
         if frozen is not None:
             return self._failure(cfg.node_rank, frozen[0], None, frozen[1])
-        hang = failures.hang_cause(self.peers.views, cfg.hosts, cfg.heartbeat_timeout)
+        hang = failures.hang_cause(
+            self.peers.views, cfg.hosts, cfg.heartbeat_timeout, judge=cfg.host
+        )
         if hang is not None:
-            hang.update(time=now, claimed_by=cfg.host)
             return hang
         silent = self.peers.silent(now, cfg.peer_timeout)
         gone = failures.host_problem(silent, len(cfg.hosts), cfg.node_rank, cfg.peer_timeout)

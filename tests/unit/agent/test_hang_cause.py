@@ -7,6 +7,7 @@ import pytest
 from ddpfleet_agent.failures import hang_cause
 
 HOSTS = ["h0", "h1"]
+JUDGE = "h0"  # the agent that judges it
 
 
 def views(stuck: dict, peer_step: int = 12) -> dict[int, dict]:
@@ -19,7 +20,8 @@ def views(stuck: dict, peer_step: int = 12) -> dict[int, dict]:
 
 
 def test_no_rank_past_the_timeout_is_no_hang():
-    assert hang_cause(views({"live_age": 0.5, "progress_age": 2.0}) | {0: {}}, HOSTS, 5) is None
+    quiet = views({"live_age": 0.5, "progress_age": 2.0}) | {0: {}}
+    assert hang_cause(quiet, HOSTS, 5, judge=JUDGE) is None
 
 
 @pytest.mark.parametrize(
@@ -28,7 +30,7 @@ def test_no_rank_past_the_timeout_is_no_hang():
      (5.5, "rank 1 frozen (no heartbeat for 6s at step 11, phase train)")],
 )  # fmt: skip
 def test_the_rank_that_stopped_first_is_named_hung_or_frozen(live_age, words):
-    cause = hang_cause(views({"live_age": live_age, "progress_age": 7.0}), HOSTS, 5)
+    cause = hang_cause(views({"live_age": live_age, "progress_age": 7.0}), HOSTS, 5, judge=JUDGE)
     assert cause is not None
     assert (cause["host"], cause["node_rank"], cause["rank"]) == ("h1", 1, 1)
     assert cause["reason"] == words
@@ -37,13 +39,14 @@ def test_the_rank_that_stopped_first_is_named_hung_or_frozen(live_age, words):
 def test_a_late_heartbeat_is_not_judged_until_it_is_frozen():
     """SIGSTOP freezes progress and heartbeat together: progress passes the timeout first.
     "hung" then would race the rank's own agent's "frozen" (seen in CI under load)."""
-    assert hang_cause(views({"live_age": 2.9, "progress_age": 3.4}), HOSTS, 3) is None
-    cause = hang_cause(views({"live_age": 3.1, "progress_age": 3.6}), HOSTS, 3)
+    assert hang_cause(views({"live_age": 2.9, "progress_age": 3.4}), HOSTS, 3, judge=JUDGE) is None
+    cause = hang_cause(views({"live_age": 3.1, "progress_age": 3.6}), HOSTS, 3, judge=JUDGE)
     assert cause is not None
     assert "rank 1 frozen (no heartbeat for 3s" in cause["reason"]
 
 
 def test_a_frozen_rank_is_blamed_before_a_live_one_at_a_lower_step():
-    cause = hang_cause(views({"live_age": 8.0, "progress_age": 8.0}, peer_step=3), HOSTS, 5)
+    stuck = views({"live_age": 8.0, "progress_age": 8.0}, peer_step=3)
+    cause = hang_cause(stuck, HOSTS, 5, judge=JUDGE)
     assert cause is not None
     assert cause["rank"] == 1
