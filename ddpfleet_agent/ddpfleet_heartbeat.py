@@ -21,10 +21,15 @@ temporary file in the same directory, then rename), a JSON object with ``rank`` 
 global rank), ``time`` and ``progress_time`` (Unix seconds), and optionally ``step``,
 ``total_steps``, ``epoch``, ``phase`` (start, train, validate, checkpoint or done), ``loss``
 and ``images_per_sec`` (shown in train.yml's progress lines and progress.json).
+
+ddpfleet's own trainer writes its heartbeat with this class too (``trainer.metrics.Heartbeat``
+subclasses ``Beat``): it adds ``local_rank`` and ``host`` to the record, starts in phase
+"start", and logs a failed write.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -34,15 +39,20 @@ DIR_ENV = "DDPFLEET_HEARTBEAT_DIR"
 
 
 class Beat:
-    """One rank's heartbeat file, rewritten by a daemon thread every ``period`` seconds."""
+    """One rank's heartbeat file, rewritten by a daemon thread every ``period`` seconds.
 
-    def __init__(self, directory: str | None, rank: int, total_steps: int, period: float):
+    ``directory`` may be None: ``start`` may give it, and without one nothing is written.
+    ``fields`` are more fields for the record, or first values of its own (``phase="start"``).
+    """
+
+    def __init__(self, directory: str | None, rank: int, total_steps: int = 0,
+                 period: float = 1.0, **fields: object):  # fmt: skip
         self.path = None if not directory else os.path.join(directory, f"rank-{rank}.json")
         self.period = period
         now = time.time()
         self._rec = {"rank": rank, "pid": os.getpid(), "time": now, "progress_time": now,
                      "step": 0, "total_steps": total_steps, "epoch": 0, "phase": "train",
-                     "loss": None, "images_per_sec": None}  # fmt: skip
+                     "loss": None, "images_per_sec": None, **fields}  # fmt: skip
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -56,30 +66,47 @@ class Beat:
         """Entering a phase (train, validate, checkpoint): progress now (no I/O)."""
         self._update(phase=name)
 
-    def _update(self, **fields: object) -> None:
+    def _update(self, progress: bool = True, **fields: object) -> None:
+        """Set the fields given (None keeps a field as it is); progress now unless told not."""
         with self._lock:
             self._rec.update({k: v for k, v in fields.items() if v is not None})
-            self._rec["progress_time"] = time.time()
+            if progress:
+                self._rec["progress_time"] = time.time()
+
+    def snapshot(self) -> dict[str, object]:
+        """The record as the thread would write it now."""
+        with self._lock:
+            return {**self._rec, "time": time.time()}
+
+    def on_write_error(self, error: OSError) -> None:
+        """A write failed (a full disk): override to report it. The program goes on either
+        way; the agent notices a stale heartbeat."""
 
     def _write(self) -> None:
         if self.path is None:
             return
-        with self._lock:
-            rec = {**self._rec, "time": time.time()}
         tmp = f"{self.path}.tmp-{os.getpid()}"
         try:
             with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(rec, fh)
+                json.dump(self.snapshot(), fh)
             os.replace(tmp, self.path)
-        except OSError:
-            pass  # a full disk must not kill training: the agent notices a stale heartbeat
+        except OSError as exc:  # a full disk must not kill training
+            self.on_write_error(exc)
 
     def _run(self) -> None:
         while not self._done.wait(self.period):
             self._write()
 
-    def start(self) -> Beat:
-        if self.path is not None and self._thread is None:
+    def start(self, directory: str | os.PathLike[str] | None = None) -> Beat:
+        """Write the first record and start the thread, in ``directory`` if given (created
+        if missing), else the constructor's. Does nothing when started, or with neither."""
+        if self._thread is not None:
+            return self
+        if directory is not None:
+            self.path = os.path.join(directory, f"rank-{self._rec['rank']}.json")
+        if self.path is not None:
+            with contextlib.suppress(OSError):  # the first write reports it
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
             self._write()
             self._thread = threading.Thread(
                 target=self._run, name="ddpfleet-heartbeat", daemon=True

@@ -26,7 +26,8 @@ A demo data set (JPEG files, nothing downloaded)::
 Outputs in ``--output-dir``: ``metrics.jsonl`` and ``summary.json`` (rank 0),
 ``checkpoints/step-<step>.pt``, ``logs/rank-<rank>.log``. Each rank's heartbeat,
 ``rank-<rank>.json`` (step, phase, liveness and progress times, last loss and img/s), is
-rewritten every ``$DDPFLEET_HEARTBEAT_INTERVAL`` s (default 1) by a thread, in
+rewritten every ``$DDPFLEET_HEARTBEAT_INTERVAL`` s (default 1) by a thread (the heartbeat
+helper user programs get, ``ddpfleet_agent/ddpfleet_heartbeat.py``), in
 ``$DDPFLEET_HEARTBEAT_DIR`` (set by ``ddpfleet_agent``, inside the container) or else in
 ``<output-dir>/heartbeat/``. A stop signal is agreed at the next ``--log-every`` step
 (or validation batch), then the ranks checkpoint and exit.

@@ -1,4 +1,4 @@
-"""Logging, the heartbeat thread, metrics.jsonl, summary.json and throughput timing."""
+"""Logging, the heartbeat (a ddpfleet_heartbeat.Beat), metrics.jsonl, summary.json, throughput."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from ddpfleet_agent import ddpfleet_heartbeat
 
 LOG = logging.getLogger("trainer")
 
@@ -50,7 +51,7 @@ def setup_logging(output_dir: Path, rank: int) -> None:
     LOG.propagate = False
 
 
-HEARTBEAT_DIR_ENV = "DDPFLEET_HEARTBEAT_DIR"
+HEARTBEAT_DIR_ENV = ddpfleet_heartbeat.DIR_ENV
 HEARTBEAT_INTERVAL_ENV = "DDPFLEET_HEARTBEAT_INTERVAL"
 
 
@@ -71,91 +72,50 @@ def _period_from_env() -> float:
     return period if period > 0 else 1.0
 
 
-class Heartbeat:
-    """``rank-<rank>.json``, rewritten atomically by a daemon thread every ``period`` seconds
-    ($DDPFLEET_HEARTBEAT_INTERVAL, default 1), once at ``start`` and once at ``stop``.
+class Heartbeat(ddpfleet_heartbeat.Beat):
+    """The trainer's ``rank-<rank>.json``: the heartbeat helper's record and thread (the one
+    writer of the format), every ``period`` seconds ($DDPFLEET_HEARTBEAT_INTERVAL, default 1),
+    once at ``start`` and once at ``stop``, plus ``local_rank`` and ``host``.
 
     The training loop only sets fields (``progress``, ``interval``, ``set_total``: no I/O).
     ``time`` is the thread's last write: it goes stale only when the process stops running
     (SIGSTOP, a dead host). ``progress_time`` is the last progress mark: it goes stale when
     the rank waits (for a peer in a collective) while ``time`` stays fresh. ``phase`` is one
-    of start, scan (building the data sets), train, validate, checkpoint, done.
+    of start, scan (building the data sets), train, validate, checkpoint, done. A failed
+    write is logged once and never stops training.
     """
 
     def __init__(self, rank: int, local_rank: int, host: str, period: float | None = None):
-        self.period = _period_from_env() if period is None else period
-        self.path: Path | None = None
-        now = time.time()
-        self._record: dict[str, object] = {
-            "rank": rank, "local_rank": local_rank, "pid": os.getpid(), "host": host,
-            "time": now, "step": 0, "total_steps": 0, "epoch": 0, "phase": "start",
-            "progress_time": now, "loss": None, "images_per_sec": None,
-        }  # fmt: skip
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        period = _period_from_env() if period is None else period
+        super().__init__(None, rank, 0, period, local_rank=local_rank, host=host, phase="start")
         self._warned = False
 
     def progress(
         self, step: int | None = None, phase: str | None = None, epoch: int | None = None
     ) -> None:
         """Mark progress now: a batch fetched, a step done, a phase entered (no I/O)."""
-        with self._lock:
-            for key, value in (("step", step), ("phase", phase), ("epoch", epoch)):
-                if value is not None:
-                    self._record[key] = value
-            self._record["progress_time"] = time.time()
+        self._update(step=step, phase=phase, epoch=epoch)
 
-    def interval(self, loss: float | None, images_per_sec: float | None) -> None:
+    def interval(self, loss: float, images_per_sec: float) -> None:
         """The last log interval's all-reduced loss and total images/s (no I/O)."""
-        with self._lock:
-            self._record["loss"] = loss
-            self._record["images_per_sec"] = images_per_sec
+        self._update(progress=False, loss=loss, images_per_sec=images_per_sec)
 
     def set_total(self, total_steps: int) -> None:
-        with self._lock:
-            self._record["total_steps"] = total_steps
+        self._update(progress=False, total_steps=total_steps)
 
-    def snapshot(self) -> dict[str, object]:
-        """The record as the thread would write it now."""
-        with self._lock:
-            return {**self._record, "time": time.time()}
-
-    def start(self, output_dir: Path | None = None) -> None:
+    # Not Beat.start's argument (the heartbeat's directory): the run's output directory.
+    def start(self, output_dir: Path | None = None) -> Heartbeat:  # type: ignore[override]
         """Write the first record and start the thread, in ``heartbeat_dir(output_dir)``.
 
         Does nothing when already started, or without a directory (no agent, no output dir).
         """
-        directory = heartbeat_dir(output_dir)
-        if self._thread is not None or directory is None:
-            return
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"rank-{self._record['rank']}.json"
-        self._write()
-        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
-        self._thread.start()
+        super().start(heartbeat_dir(output_dir))
+        return self
 
-    def stop(self) -> None:
-        """Stop the thread and write the final record, phase "done" (if it was started)."""
-        if self._thread is None:
-            return
-        self._stopping.set()
-        self._thread.join()
-        self.progress(phase="done")
-        self._write()
-
-    def _run(self) -> None:
-        while not self._stopping.wait(self.period):
-            self._write()
-
-    def _write(self) -> None:
-        assert self.path is not None
-        try:
-            write_json_atomic(self.path, self.snapshot())
-        except OSError as exc:  # a full disk must not kill training; the agent will notice
-            if not self._warned:
-                LOG.warning("heartbeat %s not written: %s", self.path, exc)
-                self._warned = True
+    def on_write_error(self, error: OSError) -> None:
+        if not self._warned:
+            LOG.warning("heartbeat %s not written: %s", self.path, error)
+            self._warned = True
 
 
 class MetricsLog:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.metrics import HEARTBEAT_DIR_ENV, HEARTBEAT_INTERVAL_ENV, Heartbeat
+from trainer.metrics import HEARTBEAT_DIR_ENV, HEARTBEAT_INTERVAL_ENV, LOG, Heartbeat
 
 FIELDS = {
     "rank", "local_rank", "pid", "host", "time", "step", "total_steps", "epoch", "phase",
@@ -126,6 +127,25 @@ def test_without_the_agent_start_needs_the_output_dir(tmp_path: Path) -> None:
     hb.start(tmp_path)
     hb.stop()
     assert read(tmp_path / "heartbeat" / "rank-0.json")["phase"] == "done"
+
+
+def test_a_failed_write_is_logged_once_and_training_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk must not kill training: one warning, however many writes fail."""
+    blocked = tmp_path / "out"
+    blocked.write_text("")  # a file where the output directory should be
+    monkeypatch.setattr(LOG, "propagate", True)  # setup_logging may have turned it off
+    hb = Heartbeat(rank=0, local_rank=0, host="h", period=0.01)
+    with caplog.at_level(logging.WARNING, logger=LOG.name):
+        hb.start(blocked)
+        time.sleep(0.1)  # the thread's writes fail too
+        hb.progress(step=1, phase="train")
+        hb.stop()
+    path = blocked / "heartbeat" / "rank-0.json"
+    assert [(r.levelno, r.getMessage().split(": ")[0]) for r in caplog.records] == [
+        (logging.WARNING, f"heartbeat {path} not written")
+    ]
 
 
 FROZEN_CHILD = """
