@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 from trainer import checkpoint as ckpt
 from trainer import distributed as dist_utils
@@ -25,7 +24,7 @@ from trainer.config import (
 )
 from trainer.data import build_datasets, build_loader
 from trainer.decode import decode_choice, loader_cores
-from trainer.engine import Run, evaluate, stop_agreed, train_one_epoch
+from trainer.engine import Run, train_epochs
 from trainer.inputs import SHOWN_PATHS, InputPipeline
 from trainer.metrics import LOG, Heartbeat, MetricsLog, NonFiniteError, Throughput, setup_logging
 from trainer.metrics import write_json_atomic as write_json
@@ -84,40 +83,6 @@ def _prepare(cfg: TrainConfig, env: dist_utils.DistEnv, heartbeat: Heartbeat) ->
     return state, plan, train_ds, val_ds, amp_dtype, model, batches, decoding
 
 
-def _loop(
-    run: Run, train_loader: DataLoader, val_loader: DataLoader | None, start_batch: int, epochs: int
-) -> tuple[bool, float | None, int]:
-    """Epochs until done or stopped; returns (stopped, last accuracy, batch in epoch)."""
-    accuracy = None
-    stopped = False
-    while run.step < run.total_steps and run.epoch < epochs and not stopped:
-        train_loader.sampler.set_epoch(run.epoch)
-        train_loader.sampler.set_start_batch(start_batch, train_loader.batch_size)
-        stopped, batches = train_one_epoch(
-            run, train_loader, lambda b, s=start_batch: ckpt.save_run(run, s + b)
-        )
-        start_batch += batches
-        if not stopped and start_batch >= run.steps_per_epoch:
-            if val_loader is not None:
-                stopped, accuracy = _validate(run, val_loader, accuracy)
-            run.epoch, start_batch = run.epoch + 1, 0
-    if not stopped and val_loader is not None and start_batch:  # ended by --max-steps
-        stopped, accuracy = _validate(run, val_loader, accuracy)
-    return stopped, accuracy, start_batch
-
-
-def _validate(run: Run, loader: DataLoader, last: float | None) -> tuple[bool, float | None]:
-    """(stopped, accuracy): a stop abandons validation, and the last accuracy stands."""
-    with run.meter.paused():
-        accuracy = evaluate(run, loader)
-    if accuracy is None:
-        LOG.info("epoch %d validation abandoned: stopping", run.epoch)
-        return True, last
-    LOG.info("epoch %d validation accuracy %.4f", run.epoch, accuracy)
-    # a signal during the last batches stops here, not after the next epoch's first steps
-    return run.step < run.total_steps and stop_agreed(run), accuracy
-
-
 def _train(
     cfg: TrainConfig, env: dist_utils.DistEnv, prepared: tuple, stop: StopFlag, heartbeat: Heartbeat
 ) -> dict:
@@ -173,7 +138,9 @@ def _train(
     LOG.info("world %d, device %s, amp %s, %d steps", env.world_size, env.device, amp_dtype, total)
     if decoding:
         LOG.info("JPEG decoding: %s", decoding)
-    stopped, accuracy, start_batch = _loop(run, train_loader, val_loader, start_batch, epochs)
+    stopped, accuracy, start_batch = train_epochs(
+        run, train_loader, val_loader, start_batch, epochs, save=lambda b: ckpt.save_run(run, b)
+    )
     ckpt.save_run(run, start_batch)
     if env.device.type == "cuda":
         torch.cuda.synchronize(env.device)
