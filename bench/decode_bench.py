@@ -36,7 +36,8 @@ from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
 from trainer import jpeg
-from trainer.decode import Planner, decode_cpu, draft_factor, jpeg_size
+from trainer.crops import Planner, draft_factor
+from trainer.decode import decode_cpu, jpeg_size
 
 SHAPES = ((4, 3), (3, 4), (3, 2), (2, 3))
 

@@ -46,10 +46,6 @@ class AgentConfig:
         """Processes per host (global rank // nproc is the node rank); 1 when unknown."""
         return max(self.world_size // len(self.hosts), 1)
 
-    @property
-    def store_host_name(self) -> str:
-        return self.hosts[0]
-
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]

@@ -185,6 +185,3 @@ class Peers:
         assert self.store is not None
         key = f"exit/{self.cfg.node_rank}"
         self._guarded(lambda: self._set(key, record))
-
-    def all_exited(self) -> bool:
-        return all(node in self.exits or node == self.cfg.node_rank for node in range(self.n))

@@ -1,5 +1,5 @@
 """Data sets (ImageFolder, synthetic) yielding uint8 CHW tensors (or JPEG bytes for GPU
-decoding, see trainer.decode), and resumable loaders.
+decoding, see trainer.decode_gpu), and resumable loaders.
 
 Augmentation randomness is a function of (seed, epoch, sample index) only, so a run
 resumed mid-epoch sees exactly the batches an uninterrupted run would have seen, no
@@ -20,17 +20,9 @@ from torchvision.datasets import ImageFolder
 
 from trainer.balance import WeightedDistributedSampler
 from trainer.config import BadInputError, TrainConfig
-from trainer.decode import (
-    JPEG_MAGIC,
-    KIND_DECODED,
-    KIND_JPEG,
-    UNREADABLE,
-    Planner,
-    collate_encoded,
-    collate_samples,
-    decode_cpu,
-    jpeg_size,
-)
+from trainer.crops import Planner
+from trainer.decode import JPEG_MAGIC, UNREADABLE, collate_samples, decode_cpu, jpeg_size
+from trainer.decode_gpu import KIND_DECODED, KIND_JPEG, collate_encoded
 from trainer.stop import ignore_stop_signals
 
 LOG = logging.getLogger("trainer")
@@ -87,7 +79,7 @@ class FolderImages(Dataset):
     """An ImageFolder split; train: random resized crop + flip; val: centre crop.
 
     ``encoded`` (``--decode gpu``): JPEG files come back as their bytes with the plan (box,
-    flip, index; see trainer.decode) for the rank to decode on the GPU; anything else is
+    flip, index; see trainer.decode_gpu) for the rank to decode on the GPU; anything else is
     decoded here. An unreadable file comes back as a blank image with label ``-1 - index``.
     """
 

@@ -1,4 +1,4 @@
-"""The training step loop, validation, and the ranks' agreement to stop."""
+"""The training loop: steps, epochs, validation, and the ranks' agreement to stop."""
 
 from __future__ import annotations
 
@@ -188,3 +188,43 @@ def evaluate(run: Run, loader: DataLoader) -> float | None:
     c, t = dist_utils.all_reduce_sum(run.env, [float(correct.item()), float(total)])
     model.train()
     return c / max(t, 1.0)
+
+
+def train_epochs(
+    run: Run,
+    train_loader: DataLoader,
+    val_loader: DataLoader | None,
+    start_batch: int,
+    epochs: int,
+    *,
+    save: Callable[[int], None],
+) -> tuple[bool, float | None, int]:
+    """Epochs until done or stopped; returns (stopped, last accuracy, batch in epoch).
+
+    ``save(batch_in_epoch)`` writes a checkpoint (trainer.checkpoint.save_run)."""
+    accuracy = None
+    stopped = False
+    while run.step < run.total_steps and run.epoch < epochs and not stopped:
+        train_loader.sampler.set_epoch(run.epoch)
+        train_loader.sampler.set_start_batch(start_batch, train_loader.batch_size)
+        stopped, batches = train_one_epoch(run, train_loader, lambda b, s=start_batch: save(s + b))
+        start_batch += batches
+        if not stopped and start_batch >= run.steps_per_epoch:
+            if val_loader is not None:
+                stopped, accuracy = _validate(run, val_loader, accuracy)
+            run.epoch, start_batch = run.epoch + 1, 0
+    if not stopped and val_loader is not None and start_batch:  # ended by --max-steps
+        stopped, accuracy = _validate(run, val_loader, accuracy)
+    return stopped, accuracy, start_batch
+
+
+def _validate(run: Run, loader: DataLoader, last: float | None) -> tuple[bool, float | None]:
+    """(stopped, accuracy): a stop abandons validation, and the last accuracy stands."""
+    with run.meter.paused():
+        accuracy = evaluate(run, loader)
+    if accuracy is None:
+        LOG.info("epoch %d validation abandoned: stopping", run.epoch)
+        return True, last
+    LOG.info("epoch %d validation accuracy %.4f", run.epoch, accuracy)
+    # a signal during the last batches stops here, not after the next epoch's first steps
+    return run.step < run.total_steps and stop_agreed(run), accuracy

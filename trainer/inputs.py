@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import Dataset
 
 from trainer.data import mean_std, to_device
-from trainer.decode import EncodedBatch, decode_batch
+from trainer.decode_gpu import EncodedBatch, decode_batch
 
 LOG = logging.getLogger("trainer")
 SHOWN_PATHS = 20  # paths named in the error and the summary at most

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 from trainer import checkpoint as ckpt
 from trainer import distributed as dist_utils
@@ -25,7 +24,7 @@ from trainer.config import (
 )
 from trainer.data import build_datasets, build_loader
 from trainer.decode import decode_choice, loader_cores
-from trainer.engine import Run, evaluate, stop_agreed, train_one_epoch
+from trainer.engine import Run, train_epochs
 from trainer.inputs import SHOWN_PATHS, InputPipeline
 from trainer.metrics import LOG, Heartbeat, MetricsLog, NonFiniteError, Throughput, setup_logging
 from trainer.metrics import write_json_atomic as write_json
@@ -39,82 +38,10 @@ from trainer.model import (
     warmup_epochs,
     wrap_ddp,
 )
+from trainer.resume import resume_state, start_records
 from trainer.stop import StopFlag
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
-
-
-def _choose(cfg: TrainConfig) -> tuple[dict[str, object], dict | None]:
-    """Rank 0: the resume plan ``{path, skipped, error}`` and the state it loaded (if any)."""
-    directory = ckpt.checkpoint_dir(Path(cfg.output_dir))
-    skipped: list[str] = []
-    plan: dict[str, object] = {"path": None, "skipped": skipped, "error": None}
-    if cfg.resume == "archive":
-        return plan, None
-    if cfg.resume == "never":
-        existing = ckpt.list_checkpoints(directory)
-        if existing:
-            plan["error"] = (
-                f"--resume never: {directory} has {len(existing)} checkpoint(s) "
-                f"(newest {existing[0][1].name}); continue with --resume auto, or start over "
-                f"with --resume archive (moves them to {Path(cfg.output_dir) / 'archive'})"
-            )
-        return plan, None
-    try:
-        if cfg.resume == "auto":
-            found = ckpt.find_latest(directory, skipped)
-            if found is None:
-                return plan, None
-            plan["path"] = str(found[0])
-            return plan, found[1]
-        plan["path"] = cfg.resume
-        return plan, ckpt.load_checkpoint(Path(cfg.resume))
-    except ckpt.CheckpointError as exc:
-        hint = "; fix or remove them, or start over with --resume archive"
-        plan["error"] = f"--resume {exc}" if cfg.resume != "auto" else f"--resume auto: {exc}{hint}"
-        return plan, None
-
-
-def _resume_state(cfg: TrainConfig, env: dist_utils.DistEnv) -> tuple[dict | None, dict]:
-    """Collective: rank 0 chooses the checkpoint (or refuses) and every rank loads that one.
-
-    Nothing is written: a refusal (BadInputError on every rank alike) leaves the checkpoints
-    and metrics.jsonl as they were.
-    """
-    plan, state = _choose(cfg) if env.is_main else (None, None)
-    plan = dist_utils.gather_objects(env, plan)[0]  # rank 0's plan, on every rank
-    if plan["error"]:
-        raise BadInputError(str(plan["error"]))
-    if plan["path"] is None:
-        return None, plan
-    error = None
-    if not env.is_main:
-        try:
-            state = ckpt.load_checkpoint(Path(str(plan["path"])))
-        except ckpt.CheckpointError as exc:
-            error = f"rank {env.rank} cannot read the checkpoint rank 0 chose: {exc}"
-    errors = [e for e in dist_utils.gather_objects(env, error) if e]
-    if errors:
-        raise BadInputError(str(errors[0]))
-    return state, plan
-
-
-def _start_records(cfg: TrainConfig, plan: dict) -> None:
-    """Rank 0, once everything is validated: move the old run aside (--resume archive) or
-    make the resumed checkpoint the newest, and say which unreadable ones were skipped."""
-    out = Path(cfg.output_dir)
-    for error in plan["skipped"]:
-        LOG.warning("skipped an unreadable checkpoint: %s", error)
-    if cfg.resume == "archive":
-        moved = ckpt.archive_run(out)
-        if moved is not None:
-            LOG.info("moved the previous checkpoints, metrics and summary to %s", moved)
-    elif plan["path"] is not None:
-        path = Path(str(plan["path"]))
-        if path.parent.resolve() == ckpt.checkpoint_dir(out).resolve():
-            ckpt.put_first(path)
-    if plan["path"] is not None:
-        LOG.info("resuming from %s", plan["path"])
 
 
 def _prepare(cfg: TrainConfig, env: dist_utils.DistEnv, heartbeat: Heartbeat) -> tuple:
@@ -124,7 +51,7 @@ def _prepare(cfg: TrainConfig, env: dist_utils.DistEnv, heartbeat: Heartbeat) ->
     batch = default_batch_size(cfg.batch_size, env.device.type)
     batches = rank_batches(cfg.batch_weights, batch, env.world_size)  # before joining the group
     dist_utils.init_distributed(env, cfg.dist_timeout)  # rank 0 chooses the checkpoint for all
-    state, plan = _resume_state(cfg, env)
+    state, plan = resume_state(cfg, env)
     heartbeat.start(Path(cfg.output_dir))  # already started under the agent
     heartbeat.progress(step=int(state["step"]) if state else 0, phase="scan")
     cfg.batch_size = batch
@@ -154,40 +81,6 @@ def _prepare(cfg: TrainConfig, env: dist_utils.DistEnv, heartbeat: Heartbeat) ->
     auto = requested == "auto" and env.device.type == "cuda"  # off CUDA it is always cpu
     decoding = "" if cfg.synthetic else _jpeg_decoding(cfg.decode, auto, cores)
     return state, plan, train_ds, val_ds, amp_dtype, model, batches, decoding
-
-
-def _loop(
-    run: Run, train_loader: DataLoader, val_loader: DataLoader | None, start_batch: int, epochs: int
-) -> tuple[bool, float | None, int]:
-    """Epochs until done or stopped; returns (stopped, last accuracy, batch in epoch)."""
-    accuracy = None
-    stopped = False
-    while run.step < run.total_steps and run.epoch < epochs and not stopped:
-        train_loader.sampler.set_epoch(run.epoch)
-        train_loader.sampler.set_start_batch(start_batch, train_loader.batch_size)
-        stopped, batches = train_one_epoch(
-            run, train_loader, lambda b, s=start_batch: ckpt.save_run(run, s + b)
-        )
-        start_batch += batches
-        if not stopped and start_batch >= run.steps_per_epoch:
-            if val_loader is not None:
-                stopped, accuracy = _validate(run, val_loader, accuracy)
-            run.epoch, start_batch = run.epoch + 1, 0
-    if not stopped and val_loader is not None and start_batch:  # ended by --max-steps
-        stopped, accuracy = _validate(run, val_loader, accuracy)
-    return stopped, accuracy, start_batch
-
-
-def _validate(run: Run, loader: DataLoader, last: float | None) -> tuple[bool, float | None]:
-    """(stopped, accuracy): a stop abandons validation, and the last accuracy stands."""
-    with run.meter.paused():
-        accuracy = evaluate(run, loader)
-    if accuracy is None:
-        LOG.info("epoch %d validation abandoned: stopping", run.epoch)
-        return True, last
-    LOG.info("epoch %d validation accuracy %.4f", run.epoch, accuracy)
-    # a signal during the last batches stops here, not after the next epoch's first steps
-    return run.step < run.total_steps and stop_agreed(run), accuracy
 
 
 def _train(
@@ -240,12 +133,14 @@ def _train(
     start_batch = ckpt.restore_run(run, state) if state else 0
     heartbeat.progress(step=run.step, epoch=run.epoch)
     if env.is_main:
-        _start_records(cfg, plan)
+        start_records(cfg, plan)
         run.metrics = MetricsLog(out / "metrics.jsonl", start_step if state else None)
     LOG.info("world %d, device %s, amp %s, %d steps", env.world_size, env.device, amp_dtype, total)
     if decoding:
         LOG.info("JPEG decoding: %s", decoding)
-    stopped, accuracy, start_batch = _loop(run, train_loader, val_loader, start_batch, epochs)
+    stopped, accuracy, start_batch = train_epochs(
+        run, train_loader, val_loader, start_batch, epochs, save=lambda b: ckpt.save_run(run, b)
+    )
     ckpt.save_run(run, start_batch)
     if env.device.type == "cuda":
         torch.cuda.synchronize(env.device)

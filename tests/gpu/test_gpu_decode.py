@@ -14,7 +14,7 @@ from PIL import Image
 
 from trainer.__main__ import main as trainer_main
 from trainer.data import FolderImages
-from trainer.decode import collate_encoded, decode_batch
+from trainer.decode_gpu import collate_encoded, decode_batch
 from trainer.make_dataset import write_dataset
 
 CUDA = torch.device("cuda", 0)

@@ -18,22 +18,10 @@ from trainer_helpers import read_json, run_trainer, trainer_env
 
 import trainer.decode
 from trainer.config import TrainConfig
+from trainer.crops import Planner, crop_resize, draft_factor, random_resized_crop, sample_generator
 from trainer.data import FolderImages, build_datasets, build_loader, mean_std, to_device
-from trainer.decode import (
-    KIND_DECODED,
-    KIND_JPEG,
-    EncodedBatch,
-    Planner,
-    collate_encoded,
-    crop_resize,
-    decode_batch,
-    decode_choice,
-    decode_cpu,
-    draft_factor,
-    loader_cores,
-    random_resized_crop,
-    sample_generator,
-)
+from trainer.decode import decode_choice, decode_cpu, loader_cores
+from trainer.decode_gpu import KIND_DECODED, KIND_JPEG, EncodedBatch, collate_encoded, decode_batch
 from trainer.inputs import BadSamplesError, InputPipeline
 from trainer.make_dataset import write_dataset
 

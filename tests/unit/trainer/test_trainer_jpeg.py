@@ -12,7 +12,8 @@ import torch
 from PIL import Image
 
 from trainer import decode, jpeg
-from trainer.decode import Planner, decode_cpu, draft_factor
+from trainer.crops import Planner, draft_factor
+from trainer.decode import decode_cpu
 
 REGION = jpeg.REGION
 

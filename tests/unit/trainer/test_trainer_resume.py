@@ -12,7 +12,7 @@ import torch
 from trainer_helpers import TINY, read_json, read_metrics, run_trainer
 
 from trainer import distributed as dist_utils
-from trainer import runner
+from trainer import resume
 from trainer.__main__ import main
 from trainer.checkpoint import list_checkpoints, save_checkpoint
 from trainer.config import BadInputError, parse_config
@@ -169,7 +169,7 @@ def test_every_rank_loads_the_checkpoint_rank_0_chose(
 
     monkeypatch.setattr(dist_utils, "gather_objects", gather)
     cfg = parse_config(["--synthetic", "--output-dir", str(tmp_path)])
-    loaded, plan = runner._resume_state(cfg, dist_utils.DistEnv(rank=1, world_size=2))
+    loaded, plan = resume.resume_state(cfg, dist_utils.DistEnv(rank=1, world_size=2))
     assert loaded["step"] == 2
     assert plan == chosen
     assert calls[0] is None  # rank 1 offered no choice of its own
@@ -184,7 +184,7 @@ def test_a_rank_that_cannot_read_rank_0_s_choice_stops_every_rank(
     torch.save(state(2), tmp_path / "gone.pt")
     cfg = parse_config(["--synthetic", "--output-dir", str(tmp_path)])
     with pytest.raises(BadInputError, match=r"^rank 1 cannot read the checkpoint rank 0 chose: x$"):
-        runner._resume_state(cfg, dist_utils.DistEnv(rank=0, world_size=2))
+        resume.resume_state(cfg, dist_utils.DistEnv(rank=0, world_size=2))
 
 
 def test_a_failure_to_join_the_group_is_recorded_as_failed(
