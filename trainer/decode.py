@@ -37,8 +37,8 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from trainer import jpeg
+from trainer.cpus import cpu_quota
 from trainer.crops import Planner, crop_resize, draft_factor
-from trainer.doctor_compute import cpu_quota
 
 # torchvision 0.29 marks its image codecs deprecated in favour of TorchCodec (not in the image).
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities")

@@ -11,25 +11,10 @@ import subprocess
 import threading
 import time
 import traceback
-from pathlib import Path
+
+from trainer.cpus import cpu_quota
 
 CPU_BATCH, GPU_BATCH = 8, 256  # --batch-size 0: per process
-
-
-def cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
-    """The container's CPU quota in cores (docker --cpus), None when unlimited or unknown."""
-    base = Path(root)
-    try:
-        quota, period = (base / "cpu.max").read_text().split()[:2]  # cgroup v2
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:  # cgroup v1
-        quota = int((base / "cpu" / "cpu.cfs_quota_us").read_text())
-        period = int((base / "cpu" / "cpu.cfs_period_us").read_text())
-        return None if quota <= 0 else quota / period
-    except (OSError, ValueError):
-        return None
 
 
 def time_steps(step, warmup: int, seconds: float, max_steps: int) -> dict:

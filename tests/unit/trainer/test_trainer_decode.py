@@ -1,5 +1,6 @@
-"""Decoding: the choice of path, the plan (deterministic crops), the reduced-size CPU decode,
-the GPU chain run on CPU tensors, and unreadable samples (skipped, counted, or fatal)."""
+"""Decoding: the choice of path (with the CPU quota it counts), the plan (deterministic crops),
+the reduced-size CPU decode, the GPU chain run on CPU tensors, and unreadable samples
+(skipped, counted, or fatal)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from trainer_helpers import read_json, run_trainer, trainer_env
 
 import trainer.decode
 from trainer.config import TrainConfig
+from trainer.cpus import cpu_quota
 from trainer.crops import Planner, crop_resize, draft_factor, random_resized_crop, sample_generator
 from trainer.data import FolderImages, build_datasets, build_loader, mean_std, to_device
 from trainer.decode import decode_choice, decode_cpu, loader_cores
@@ -69,6 +71,23 @@ def test_loader_cores_are_the_workers_share_of_the_usable_cpus(
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cpus)))
     monkeypatch.setattr(trainer.decode, "cpu_quota", lambda: quota)
     assert loader_cores(workers, local_ranks) == cores
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"cpu.max": "50000 100000\n"}, 0.5),
+        ({"cpu.max": "max 100000\n"}, None),
+        ({"cpu/cpu.cfs_quota_us": "150000", "cpu/cpu.cfs_period_us": "100000"}, 1.5),
+        ({"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, None),
+        ({}, None),
+    ],
+)
+def test_cpu_quota_reads_cgroup_v2_and_v1(tmp_path, files, expected):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cpu_quota(str(tmp_path)) == expected
 
 
 def test_gpu_decode_without_cuda_is_refused() -> None:

@@ -1,5 +1,5 @@
 """trainer.doctor: the compute, storage and network programs on the CPU, and their pure parts
-(round-robin pairing, bus bandwidth, nvidia-smi parsing, timing, CPU quota)."""
+(round-robin pairing, bus bandwidth, nvidia-smi parsing, timing)."""
 
 from __future__ import annotations
 
@@ -89,23 +89,6 @@ def test_time_steps_runs_at_least_two_timed_steps_and_stops_at_max_steps():
     assert len(calls) == 1 + 2  # warm-up stops at half of 0 s after one step
     timed = doctor_compute.time_steps(lambda: None, warmup=1, seconds=60.0, max_steps=5)
     assert timed["steps"] == 5
-
-
-@pytest.mark.parametrize(
-    ("files", "expected"),
-    [
-        ({"cpu.max": "50000 100000\n"}, 0.5),
-        ({"cpu.max": "max 100000\n"}, None),
-        ({"cpu/cpu.cfs_quota_us": "150000", "cpu/cpu.cfs_period_us": "100000"}, 1.5),
-        ({"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, None),
-        ({}, None),
-    ],
-)
-def test_cpu_quota_reads_cgroup_v2_and_v1(tmp_path, files, expected):
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    assert doctor_compute.cpu_quota(str(tmp_path)) == expected
 
 
 # --- nvidia-smi health (verified on real GPUs only on GPU hosts) ----------------------------
