@@ -30,7 +30,8 @@ def versions() -> dict[str, str]:
     # Imported here so that a broken stack gives one line (main), not a traceback.
     torch = importlib.import_module("torch")
     torchvision = importlib.import_module("torchvision")
-    importlib.import_module("trainer")  # proves the trainer package is installed
+    for package in ("trainer", "ddpfleet_agent", "ddpfleet_doctor"):
+        importlib.import_module(package)  # proves the wheel installed each of its packages
     region = importlib.import_module("trainer.jpeg").REGION  # the Dockerfile's jpeg stage
 
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None

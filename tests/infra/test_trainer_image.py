@@ -3,7 +3,8 @@
     pytest tests/infra --hosts=ansible://all --ansible-inventory=<inventory>
 
 Every trainer holds the exact content-hash image named in /etc/ddpfleet/trainer_image; the
-image carries that hash, runs as the shared storage's owner uid and imports the pinned torch;
+image carries that hash, runs as the shared storage's owner uid, imports the pinned torch and
+runs the run agent and the diagnostics;
 the registry holds the hash tag with the moving tag on the same image.
 """
 
@@ -117,6 +118,21 @@ def test_image_runs_the_run_agent(host: Any, image: dict[str, Any], ref: str) ->
     )
     assert agent.rc == 0, agent.stderr
     assert agent.stdout.strip() == "Agent"
+
+
+def test_image_runs_the_diagnostics(host: Any, image: dict[str, Any], ref: str) -> None:
+    """doctor.yml runs `python -m ddpfleet_doctor` and train.yml's GPU preflight `python -m
+    ddpfleet_doctor.gpucheck` in the image: its wheel holds both entry points."""
+    if not image["is_trainer"]:
+        pytest.skip("not a trainer: the image is pre-pulled on trainers only")
+    helps = docker_run(
+        host,
+        ref,
+        "sh -c 'python -m ddpfleet_doctor --help && python -m ddpfleet_doctor.gpucheck --help'",
+    )
+    assert helps.rc == 0, helps.stderr
+    assert "usage: python -m ddpfleet_doctor " in helps.stdout
+    assert "usage: ddpfleet_doctor.gpucheck " in helps.stdout
 
 
 def manifest(host: Any, reference: str) -> dict[str, Any]:

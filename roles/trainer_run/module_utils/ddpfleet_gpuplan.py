@@ -1,1 +1,1 @@
-../../../trainer/gpuplan.py
+../../../ddpfleet_doctor/gpuplan.py

@@ -3,7 +3,7 @@ is supported, and a real NCCL all-reduce across all of them returns the right su
 
 train.yml's preflight runs it in the training image, with the run's GPUs::
 
-    python -m trainer.gpucheck --host node1 --gpus 8 --min-capability 7.5
+    python -m ddpfleet_doctor.gpucheck --host node1 --gpus 8 --min-capability 7.5
 
 One line on stdout and exit 0 when all is well; else one line naming the host and the CUDA or
 NCCL error, exit 1:
@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainer import gpuplan
+from ddpfleet_doctor import gpuplan
 
 ELEMENTS = 1 << 20  # 4 MiB of float32 per rank: big enough for NCCL's ring/tree, not for memory
 TIMEOUT = 120.0  # seconds for CUDA and NCCL start-up plus one all-reduce on every GPU
@@ -165,7 +165,9 @@ def stop_ranks(ranks: mp.ProcessContext) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="trainer.gpucheck", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="ddpfleet_doctor.gpucheck", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--host", default=os.uname().nodename, help="named in the result line")
     p.add_argument("--gpus", type=int, required=True, help="GPUs (ranks) to check, from 0")
     p.add_argument("--min-capability", default="7.5", help="lowest compute capability allowed")
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.gpus < 1 or gpuplan.capability(a.min_capability) == (0, 0) or not 0 < a.timeout < 1e6:
         sys.stderr.write(
-            "trainer.gpucheck: error: need --gpus >= 1, --min-capability X.Y and --timeout > 0\n"
+            f"{p.prog}: error: need --gpus >= 1, --min-capability X.Y and --timeout > 0\n"
         )
         return 2
     problems = check(a.gpus, a.backend, a.device, a.min_capability, a.timeout)  # type: ignore[arg-type]

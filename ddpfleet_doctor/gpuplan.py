@@ -1,8 +1,8 @@
 """Which GPUs a host gives a run, and which the image's CUDA cannot use.
 
 Standard library only: train.yml's preflight module (roles/trainer_run/library) imports this
-file through its module_utils link, on hosts without the trainer, and trainer.gpucheck uses it
-inside the image, so both apply the same compute-capability floor.
+file through its module_utils link, on hosts without the trainer, and ddpfleet_doctor.gpucheck
+uses it inside the image, so both apply the same compute-capability floor.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""trainer.gpucheck: its logic runs on CPU processes with gloo; its CUDA side fails cleanly."""
+"""ddpfleet_doctor.gpucheck: its logic runs on CPU processes with gloo; its CUDA side fails
+cleanly."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 import pytest
 import torch
 
-from trainer import gpucheck, gpuplan
+from ddpfleet_doctor import gpucheck, gpuplan
 
 
 def test_all_reduce_across_two_gloo_ranks_passes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -46,7 +47,7 @@ def test_a_rank_that_fails_is_named() -> None:
     ],
 )
 def test_compute_capability_floor(caps, problems) -> None:
-    """The floor trainer.gpucheck applies in the image is the preflight's (trainer.gpuplan)."""
+    """The floor gpucheck applies in the image is the preflight's (ddpfleet_doctor.gpuplan)."""
     assert gpuplan.capability_problems([("gpu", c) for c in caps], "7.5") == problems
 
 

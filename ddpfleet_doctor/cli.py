@@ -3,17 +3,17 @@
 Compute (training steps/s and img/s of the run's model on synthetic data; on a GPU host one
 process per GPU, with nvidia-smi health sampled while they run)::
 
-    python -m trainer.doctor compute --arch resnet50 --image-size 224 --batch-size 0 --amp auto
+    python -m ddpfleet_doctor compute --arch resnet50 --image-size 224 --batch-size 0 --amp auto
 
 Storage (read MB/s and PIL-decoded JPEGs/s of the shared dataset directory, see
-trainer.doctor_storage)::
+ddpfleet_doctor.storage)::
 
-    python -m trainer.doctor storage --data-dir /mnt/ddpfleet/datasets --host-index 0 --hosts 3
+    python -m ddpfleet_doctor storage --data-dir /mnt/ddpfleet/datasets --host-index 0 --hosts 3
 
 Network (all-reduce bus bandwidth and TCP throughput per pair of hosts, see
-trainer.doctor_net), under torchrun on every host; rank 0 prints::
+ddpfleet_doctor.network), under torchrun on every host; rank 0 prints::
 
-    torchrun ... -m trainer.doctor network --names n1,n2 --addresses 10.0.0.1,10.0.0.2
+    torchrun ... -m ddpfleet_doctor network --names n1,n2 --addresses 10.0.0.1,10.0.0.2
 
 Bad input: one line on stderr, exit 2; a failed measurement: one line, exit 1.
 """
@@ -25,12 +25,12 @@ import json
 import sys
 import traceback
 
-from trainer.doctor_compute import CPU_BATCH, GPU_BATCH, compute
+from ddpfleet_doctor.compute import CPU_BATCH, GPU_BATCH, compute
 
 
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m trainer.doctor", description=__doc__.splitlines()[0]
+        prog="python -m ddpfleet_doctor", description=__doc__.splitlines()[0]
     )
     sub = parser.add_subparsers(dest="check", required=True)
     c = sub.add_parser("compute", help="training steps/s and img/s on synthetic data")
@@ -104,15 +104,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.check == "compute":
             result = compute(args)
         elif args.check == "storage":
-            from trainer import doctor_storage  # noqa: PLC0415 - no torch for storage
+            from ddpfleet_doctor import storage  # noqa: PLC0415 - no torch for storage
 
-            result = doctor_storage.run(
+            result = storage.run(
                 args.data_dir, args.host_index, args.hosts, args.files, args.seconds
             )
         else:
-            from trainer import doctor_net  # noqa: PLC0415
+            from ddpfleet_doctor import network  # noqa: PLC0415
 
-            result = doctor_net.run(args)
+            result = network.run(args)
     except Exception as exc:  # any failure: one line naming it, not a traceback
         bad_input = type(exc).__name__ == "BadInputError"
         line = str(exc) if bad_input else traceback.format_exception_only(type(exc), exc)[-1]
@@ -121,7 +121,3 @@ def main(argv: list[str] | None = None) -> int:
     if result is not None:
         print(json.dumps(result, sort_keys=True), flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,7 +7,7 @@ in round-robin rounds (disjoint pairs at the same time), the lower-numbered host
 ``--pair-seconds``, the other measures what arrives. Rank 0 prints one JSON line::
 
     torchrun --nnodes 3 --nproc-per-node 1 --node-rank R --rdzv-backend static \\
-        --master-addr 10.0.0.11 --master-port 29600 -m trainer.doctor network \\
+        --master-addr 10.0.0.11 --master-port 29600 -m ddpfleet_doctor network \\
         --names node1,node2,node3 --addresses 10.0.0.11,10.0.0.12,10.0.0.13
 
 Ranks are grouped by host in rank order (torchrun's static rendezvous: rank = node_rank *

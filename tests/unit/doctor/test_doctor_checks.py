@@ -1,4 +1,4 @@
-"""trainer.doctor: the compute, storage and network programs on the CPU, and their pure parts
+"""ddpfleet_doctor: the compute, storage and network programs on the CPU, and their pure parts
 (round-robin pairing, bus bandwidth, nvidia-smi parsing, timing)."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from trainer import doctor, doctor_compute, doctor_gpu, doctor_storage
-from trainer.doctor_net import busbw_gbps, round_robin
+from ddpfleet_doctor import cli, compute, gpuhealth, storage
+from ddpfleet_doctor.network import busbw_gbps, round_robin
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def run_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
-    assert doctor.main(argv) == 0
+    assert cli.main(argv) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1
     return json.loads(out[0])
@@ -64,7 +64,7 @@ def test_compute_on_the_cpu_gives_positive_figures(capsys):
 
 
 def test_an_unknown_arch_is_one_line_and_exit_2(capsys):
-    assert doctor.main(["compute", "--arch", "resnet9000", "--gpus", "0"]) == 2
+    assert cli.main(["compute", "--arch", "resnet9000", "--gpus", "0"]) == 2
     err = capsys.readouterr().err
     assert err == "doctor compute: --arch resnet9000: not a torchvision classification model\n"
 
@@ -78,16 +78,16 @@ def test_an_unknown_arch_is_one_line_and_exit_2(capsys):
     ],
 )
 def test_non_positive_numbers_are_refused(argv, capsys):
-    assert doctor.main(argv) == 2
+    assert cli.main(argv) == 2
     assert capsys.readouterr().err.count("\n") == 1
 
 
 def test_time_steps_runs_at_least_two_timed_steps_and_stops_at_max_steps():
     calls = []
-    timed = doctor_compute.time_steps(lambda: calls.append(1), warmup=3, seconds=0.0, max_steps=50)
+    timed = compute.time_steps(lambda: calls.append(1), warmup=3, seconds=0.0, max_steps=50)
     assert timed["steps"] == 2
     assert len(calls) == 1 + 2  # warm-up stops at half of 0 s after one step
-    timed = doctor_compute.time_steps(lambda: None, warmup=1, seconds=60.0, max_steps=5)
+    timed = compute.time_steps(lambda: None, warmup=1, seconds=60.0, max_steps=5)
     assert timed["steps"] == 5
 
 
@@ -101,7 +101,7 @@ CAPTURED = """\
 
 
 def test_nvidia_smi_csv_is_parsed_with_numbers_and_missing_values():
-    gpus = doctor_gpu.parse_query(CAPTURED)
+    gpus = gpuhealth.parse_query(CAPTURED)
     assert [g["index"] for g in gpus] == [0, 1, 2]
     assert gpus[0]["name"] == "NVIDIA H100 80GB HBM3"
     assert gpus[0]["bus_id"] == "00000000:18:00.0"
@@ -115,7 +115,7 @@ def test_nvidia_smi_csv_is_parsed_with_numbers_and_missing_values():
 
 
 def test_nvidia_smi_health_names_ecc_clocks_and_pcie_width():
-    health = doctor_gpu.health(CAPTURED)
+    health = gpuhealth.health(CAPTURED)
     assert health[0]["problems"] == []
     assert health[1]["problems"] == [
         "2 uncorrected ECC errors",
@@ -130,7 +130,7 @@ def test_nvidia_smi_health_names_ecc_clocks_and_pcie_width():
 
 def test_nvidia_smi_error_text_is_refused():
     with pytest.raises(ValueError, match="columns"):
-        doctor_gpu.parse_query('Field "clocks.max.sm" is not a valid field to query.\n')
+        gpuhealth.parse_query('Field "clocks.max.sm" is not a valid field to query.\n')
 
 
 # --- storage --------------------------------------------------------------------------------
@@ -154,9 +154,9 @@ def test_storage_without_jpegs_is_skipped(tmp_path, capsys):
 
 def test_each_host_starts_at_its_own_offset():
     files = list(range(12))
-    shares = [doctor_storage.share(files, i, 3, 4) for i in range(3)]
+    shares = [storage.share(files, i, 3, 4) for i in range(3)]
     assert shares == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
-    assert doctor_storage.share(files, 2, 3, 6) == [8, 9, 10, 11, 0, 1]
+    assert storage.share(files, 2, 3, 6) == [8, 9, 10, 11, 0, 1]
 
 
 # --- network --------------------------------------------------------------------------------
@@ -197,7 +197,7 @@ def test_network_with_two_local_ranks_gives_busbw_and_one_pair():
         "--master-addr=127.0.0.1",
         f"--master-port={_free_port()}",
         "-m",
-        "trainer.doctor",
+        "ddpfleet_doctor",
         "network",
         "--names=a,b",
         "--addresses=127.0.0.1,127.0.0.1",

@@ -1,6 +1,6 @@
 """The doctor's compute check: training steps/s and img/s of the run's model (forward +
 backward + SGD on synthetic data, after a few warm-up steps). On a GPU host one process per
-GPU, all timed from the same moment, with nvidia-smi health (trainer.doctor_gpu) sampled
+GPU, all timed from the same moment, with nvidia-smi health (ddpfleet_doctor.gpuhealth) sampled
 while they run.
 """
 
@@ -118,7 +118,7 @@ def compute(args) -> dict:
         raise RuntimeError(
             f"{gpus} GPUs wanted, {torch.cuda.device_count()} visible in the container"
         )
-    from trainer import doctor_gpu  # noqa: PLC0415
+    from ddpfleet_doctor import gpuhealth  # noqa: PLC0415
 
     ctx = torch.multiprocessing.get_context("spawn")
     ready, results = ctx.Barrier(gpus + 1), ctx.Queue()
@@ -129,7 +129,7 @@ def compute(args) -> dict:
     try:
         ready.wait(timeout=600)
         time.sleep(min(args.seconds / 2, 5))  # sample clocks and links while every GPU is busy
-        health = doctor_gpu.sample()
+        health = gpuhealth.sample()
     except threading.BrokenBarrierError:
         pass  # a GPU's process failed: its error comes through the queue
     except (ValueError, OSError, subprocess.SubprocessError) as exc:
