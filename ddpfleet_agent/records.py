@@ -1,6 +1,8 @@
-"""What the agent writes in the run directory, off the supervision loop's thread.
+"""What the agent writes in the run directory, off the supervision loop's thread, and the
+one writer of ``summary.json``: the trainer's rank 0 writes its summary through
+``write_trainer_summary``; the agent merges a run's outcome into it (``Records``).
 
-Shared storage can stall (a hard NFS mount blocks): every write goes through one writer
+Shared storage can stall (a hard NFS mount blocks): every agent write goes through one writer
 thread, so supervision never waits on it; ``flush`` waits a bounded time at the end.
 """
 
@@ -22,8 +24,15 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def write_json_atomic(path: Path, obj: object) -> None:
-    write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+def write_json_atomic(path: Path, obj: object, indent: int | None = 2) -> None:
+    """JSON, keys sorted, through ``write_bytes_atomic`` (indent None: one line)."""
+    write_bytes_atomic(path, (json.dumps(obj, indent=indent, sort_keys=True) + "\n").encode())
+
+
+def write_trainer_summary(run_dir: Path, summary: dict) -> None:
+    """The trainer's summary.json (rank 0, at the end of a run), written whole, on one line;
+    the agents then merge the run's outcome into it."""
+    write_json_atomic(Path(run_dir) / "summary.json", summary, indent=None)
 
 
 def read_json(path: Path) -> dict:

@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ddpfleet_agent.records import write_json_atomic
 from trainer import distributed as dist_utils
-from trainer.metrics import NonFiniteError, write_json_atomic
+from trainer.metrics import NonFiniteError
 
 if TYPE_CHECKING:
     from trainer.engine import Run
@@ -57,7 +58,7 @@ def _read_order(directory: Path) -> list[str]:
 
 
 def _write_order(directory: Path, paths: list[Path]) -> None:
-    write_json_atomic(directory / ORDER, {"newest_first": [p.name for p in paths]})
+    write_json_atomic(directory / ORDER, {"newest_first": [p.name for p in paths]}, indent=None)
 
 
 def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:

@@ -1,4 +1,6 @@
-"""Logging, the heartbeat (a ddpfleet_heartbeat.Beat), metrics.jsonl, summary.json, throughput."""
+"""Logging, the heartbeat (a ddpfleet_heartbeat.Beat), metrics.jsonl, throughput.
+
+summary.json is not written here: ``ddpfleet_agent.records.write_trainer_summary`` writes it."""
 
 from __future__ import annotations
 
@@ -22,13 +24,6 @@ class NonFiniteError(RuntimeError):
     def __init__(self, message: str, step: int):
         super().__init__(message)
         self.step = step
-
-
-def write_json_atomic(path: Path, obj: object) -> None:
-    """Write JSON to a temp file beside ``path`` and rename it into place."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=None, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 def setup_logging(output_dir: Path, rank: int) -> None:

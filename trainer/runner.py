@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ddpfleet_agent.records import write_trainer_summary
 from trainer import checkpoint as ckpt
 from trainer import distributed as dist_utils
 from trainer import jpeg
@@ -27,7 +28,6 @@ from trainer.decode import decode_choice, loader_cores
 from trainer.engine import Run, train_epochs
 from trainer.inputs import SHOWN_PATHS, InputPipeline
 from trainer.metrics import LOG, Heartbeat, MetricsLog, NonFiniteError, Throughput, setup_logging
-from trainer.metrics import write_json_atomic as write_json
 from trainer.model import (
     build_model,
     build_optimizer,
@@ -234,7 +234,7 @@ def _run(argv: list[str] | None, stop: StopFlag, env: dist_utils.DistEnv, hb: He
         code = EXIT_FAILED
     summary["wall_time_sec"] = round(time.time() - started, 3)
     if env.is_main:
-        write_json(Path(cfg.output_dir) / "summary.json", summary)
+        write_trainer_summary(Path(cfg.output_dir), summary)
         LOG.info("summary %s", summary)
     if code != EXIT_FAILED or agreed:
         dist_utils.teardown(env)

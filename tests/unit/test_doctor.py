@@ -3,6 +3,7 @@ and causes, the table) and its option declarations."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,12 @@ from plugin_loader import load_plugin
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "doctor"
+PLUGINS = ROLE / "filter_plugins"
 doctor = load_plugin("ddpfleet_doctor", "roles/doctor/filter_plugins/ddpfleet_doctor.py")
+output = load_plugin(
+    "ddpfleet_doctor_output", "roles/doctor/filter_plugins/ddpfleet_doctor_output.py"
+)
+table = load_plugin("ddpfleet_doctor_table", "roles/doctor/filter_plugins/ddpfleet_doctor_table.py")
 SPECS = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 TIME = "2025-01-02T03:04:05Z"
@@ -61,14 +67,14 @@ def build(computes, storages=None, network=EVEN, **kw) -> dict:
 
 def test_result_is_the_last_json_line_among_warnings():
     out = 'torchrun warning\n{"old": 1}\n****\n{"images_per_sec": 3.5}\nbye\n'
-    assert doctor.result(out) == {"images_per_sec": 3.5}
+    assert output.result(out) == {"images_per_sec": 3.5}
 
 
 @pytest.mark.parametrize(
     "out", ["", None, "doctor compute: --arch x: bad\n", "{not json}\n", "[1, 2]"]
 )
 def test_result_without_a_json_object_is_empty(out):
-    assert doctor.result(out) == {}
+    assert output.result(out) == {}
 
 
 # --- the failure message's cause -------------------------------------------------------------
@@ -119,12 +125,12 @@ Root Cause (first observed failure):
     ],
 )
 def test_the_failure_message_names_the_cause_not_a_separator(out, cause):
-    assert doctor.error(out, 1) == cause
+    assert output.error(out, 1) == cause
 
 
 @pytest.mark.parametrize("out", ["", None, "\n=====\n-----\n"])
 def test_a_container_without_a_cause_says_so_with_its_status(out):
-    assert doctor.error(out, 137) == "the container printed nothing to name (status 137)"
+    assert output.error(out, 137) == "the container printed nothing to name (status 137)"
 
 
 # --- the flag rule --------------------------------------------------------------------------
@@ -253,7 +259,7 @@ def test_table_has_a_row_per_host_the_median_network_and_flag_lines():
         {h: storage(400.0) for h in ("node1", "node2", "node3")},
         cpus={"node3": 0.5},
     )
-    lines = doctor.table(doc, "/mnt/ddpfleet/doctor/20250102T030405Z.json")
+    lines = table.table(doc, "/mnt/ddpfleet/doctor/20250102T030405Z.json")
     assert lines[0].startswith(f"ddpfleet doctor {TIME}: resnet50 at 224 px, batch 8")
     assert lines[1].split() == [
         "host",
@@ -295,12 +301,26 @@ def test_table_lists_each_gpu_with_its_health():
         }
     ]
     doc = build({"g1": gpu_host([2500.0], health)}, network=None)
-    lines = doctor.table(doc)
+    lines = table.table(doc)
     assert (
         "  g1 gpu0: 2500.0 img/s, SM 1980/1980 MHz, PCIe gen5 x8/x16, ECC uncorrected 0: "
         "PCIe link x8 of x16" in lines
     )
     assert lines[-1].startswith("no flags")
+
+
+# --- the plugin files -----------------------------------------------------------------------
+
+
+def test_each_plugin_file_stands_alone_and_the_tasks_filters_are_each_defined_once():
+    """Ansible loads every file in filter_plugins/ as a plugin of its own: each has its
+    FilterModule, and the filters the tasks use are all there, none twice."""
+    loaded = {module.__name__: module for module in (doctor, output, table)}
+    assert {f.stem for f in PLUGINS.glob("*.py")} == set(loaded)
+    names = [name for module in loaded.values() for name in module.FilterModule().filters()]
+    assert len(names) == len(set(names))
+    tasks = " ".join(f.read_text() for f in (ROLE / "tasks").glob("*.yml"))
+    assert set(re.findall(r"\|\s*(ddpfleet_doctor_\w+)", tasks)) == set(names)
 
 
 # --- declarations ---------------------------------------------------------------------------

@@ -1,57 +1,13 @@
-"""Filters of the doctor role (controller side, pure Python): the JSON line of a doctor
-container's output, the line naming the cause of a failed one, the report with its flags
-(what runs below ``ratio`` of the median, with the likely cause in words) and the table
-doctor.yml prints."""
+"""Filters of the doctor role (controller side, pure Python): the report, with its flags
+(what runs below ``ratio`` of the median, with the likely cause in words). A container's output
+is read by ddpfleet_doctor_output.py, the table printed by ddpfleet_doctor_table.py (each plugin
+file stands alone: Ansible loads them one by one)."""
 
 from __future__ import annotations
 
-import json
-import re
 import statistics
 
 RATIO = 0.8
-
-
-def result(output: object) -> dict:
-    """The last line of a container's output that is a JSON object ({} when there is none)."""
-    for raw in reversed(str(output or "").splitlines()):
-        line = raw.strip()
-        if line.startswith("{") and line.endswith("}"):
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, dict):
-                return value
-    return {}
-
-
-# trainer.doctor's own one line ("doctor network: ..."), behind torchrun's "[rank0]:" if any.
-_RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s*")
-_DOCTOR_LINE = re.compile(r"^doctor (?:compute|storage|network): ")
-# The last line of a Python traceback ("MemoryError: ..."); torchrun's own is no cause.
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b:?")
-_LAUNCHER = "ChildFailedError"
-# torchrun's box when a rank died without a word (a signal, the OOM killer): its exit code.
-_EXITCODE_LINE = re.compile(r"^exitcode\s*:")
-
-
-def error(output: object, status: object = None) -> str:
-    """The line of a failed container's output that names the cause: trainer.doctor's one
-    line, else the last exception of a traceback, else torchrun's exit code of the rank,
-    else the last line with words in it (not a separator such as torchrun's '=====')."""
-    lines = [_RANK_PREFIX.sub("", raw).strip() for raw in str(output or "").splitlines()]
-    lines = [line for line in lines if line]
-    for wanted in (
-        _DOCTOR_LINE.match,
-        lambda line: _EXCEPTION_LINE.match(line) and _LAUNCHER not in line,
-        _EXITCODE_LINE.match,
-        lambda line: re.search(r"\w", line),
-    ):
-        found = [line for line in lines if wanted(line)]
-        if found:
-            return " ".join(found[-1].split())
-    return f"the container printed nothing to name (status {status})"
 
 
 def below_median(values: dict[str, float], ratio: float = RATIO) -> list[dict]:
@@ -227,131 +183,8 @@ def report(
     return doc
 
 
-def _fmt(value: object, digits: int = 1) -> str:
-    if value is None or value == "":
-        return "-"
-    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-
-def _grid(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(
-            c.ljust(w) if i in (0, len(widths) - 1) else c.rjust(w)
-            for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        ).rstrip()
-        for r in rows
-    ]
-
-
-_GPU_KEYS = (
-    "sm_clock_mhz",
-    "sm_clock_max_mhz",
-    "pcie_gen",
-    "pcie_width",
-    "pcie_width_max",
-    "ecc_uncorrected",
-)
-
-
-def table(doc: dict, path: str = "") -> list[str]:
-    """The lines doctor.yml prints: one row per host, the median, then network and flags."""
-    m, hosts = doc["model"], doc["hosts"]
-    pairs = (doc.get("network") or {}).get("pairs") or []
-    flagged = {}
-    for f in doc["flags"]:
-        for h in f["hosts"]:
-            flagged.setdefault(h, []).append(f"{f['kind']} {f['ratio']:.2f}")
-    rows = [
-        ["host", "cpus", "dev", "img/s", "steps/s", "read MB/s", "JPEG/s", "link Gbit/s", "flags"]
-    ]
-    cols: dict[str, list[float]] = {"img": [], "steps": [], "read": [], "jpeg": [], "link": []}
-    for host, v in hosts.items():
-        c, s = v["compute"], v.get("storage") or {}
-        links = [float(p["gbits_per_sec"]) for p in pairs if host in (p["a"], p["b"])]
-        link = statistics.median(links) if links else None
-        gpus = len(c.get("per_gpu") or [])
-        for key, value in (
-            ("img", c.get("images_per_sec")),
-            ("steps", c.get("steps_per_sec")),
-            ("read", s.get("read_mb_per_sec")),
-            ("jpeg", s.get("jpegs_per_sec")),
-            ("link", link),
-        ):
-            if value is not None:
-                cols[key].append(float(value))
-        rows.append(
-            [
-                host,
-                f"{v['cpus']:g}" if v.get("cpus") else "-",
-                f"{gpus} GPU" if gpus else "cpu",
-                _fmt(float(c["images_per_sec"])),
-                _fmt(float(c["steps_per_sec"]), 3),
-                _fmt(s.get("read_mb_per_sec")),
-                _fmt(s.get("jpegs_per_sec")),
-                _fmt(link, 2),
-                ", ".join(flagged.get(host, [])) or "ok",
-            ]
-        )
-    med = {k: statistics.median(v) if v else None for k, v in cols.items()}
-    rows.append(
-        [
-            "median",
-            "",
-            "",
-            _fmt(med["img"]),
-            _fmt(med["steps"], 3),
-            _fmt(med["read"]),
-            _fmt(med["jpeg"]),
-            _fmt(med["link"], 2),
-            "",
-        ]
-    )
-    lines = [
-        f"ddpfleet doctor {doc['time']}: {m['arch']} at {m['image_size']} px, "
-        f"batch {m['batch_size']} per process, amp {m['amp']}, {m['device']}, {len(hosts)} hosts",
-        *_grid(rows),
-    ]
-    for host, v in hosts.items():
-        health = {g.get("index"): g for g in v["compute"].get("gpu_health") or []}
-        for g in v["compute"].get("per_gpu") or []:
-            h = health.get(g["gpu"], {})
-            v_ = {k: _fmt(h.get(k)) for k in _GPU_KEYS}
-            lines.append(
-                f"  {host} gpu{g['gpu']}: {g['images_per_sec']:.1f} img/s, "
-                f"SM {v_['sm_clock_mhz']}/{v_['sm_clock_max_mhz']} MHz, "
-                f"PCIe gen{v_['pcie_gen']} x{v_['pcie_width']}/x{v_['pcie_width_max']}, "
-                f"ECC uncorrected {v_['ecc_uncorrected']}"
-                + (f": {'; '.join(h['problems'])}" if h.get("problems") else "")
-            )
-    ar = (doc.get("network") or {}).get("allreduce")
-    if ar:
-        lines.append(
-            f"all-reduce {ar['size_mb']:g} MB over {ar['ranks']} ranks ({ar['backend']}): "
-            f"busbw {ar['busbw_gbps']:.2f} GB/s, {ar['seconds'] * 1000:.1f} ms per all-reduce"
-        )
-    if pairs:
-        slow = min(pairs, key=lambda p: p["gbits_per_sec"])
-        lines.append(
-            "links (Gbit/s): "
-            + ", ".join(f"{p['a']}->{p['b']} {p['gbits_per_sec']:.2f}" for p in pairs)
-            + f"; slowest {slow['a']}-{slow['b']}"
-        )
-    lines += doc.get("notes", [])
-    lines += [f"FLAG {f['kind']} {f['subject']}: {f['cause']}" for f in doc["flags"]]
-    if not doc["flags"]:
-        ratio = doc.get("ratio", RATIO)
-        lines.append(f"no flags: every host, GPU and link is at {ratio:g} of its median or better")
-    if path:
-        lines.append(f"JSON: {path}")
-    return lines
-
-
 class FilterModule:
+    """ddpfleet doctor filter: the report."""
+
     def filters(self) -> dict:
-        return {
-            "ddpfleet_doctor_result": result,
-            "ddpfleet_doctor_error": error,
-            "ddpfleet_doctor_report": report,
-            "ddpfleet_doctor_table": table,
-        }
+        return {"ddpfleet_doctor_report": report}
