@@ -79,7 +79,7 @@ def test_result_without_a_json_object_is_empty(out):
 
 # --- the failure message's cause -------------------------------------------------------------
 
-# What torchrun prints when trainer.doctor network fails on a rank (torch 2.x, trimmed): the
+# What torchrun prints when ddpfleet_doctor network fails on a rank (torch 2.x, trimmed): the
 # rank's own one line first, then torchrun's traceback and its box of '=' lines.
 TORCHRUN_FAILED = """\
 [rank0]: doctor network: DistNetworkError: failed to connect to 10.0.0.2:29400
@@ -90,7 +90,7 @@ Traceback (most recent call last):
     raise ChildFailedError(
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
-trainer.doctor FAILED
+ddpfleet_doctor FAILED
 ------------------------------------------------------------
 Failures:
   <NO_OTHER_FAILURES>

@@ -22,7 +22,7 @@ def result(output: object) -> dict:
     return {}
 
 
-# trainer.doctor's own one line ("doctor network: ..."), behind torchrun's "[rank0]:" if any.
+# ddpfleet_doctor's own one line ("doctor network: ..."), behind torchrun's "[rank0]:" if any.
 _RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s*")
 _DOCTOR_LINE = re.compile(r"^doctor (?:compute|storage|network): ")
 # The last line of a Python traceback ("MemoryError: ..."); torchrun's own is no cause.
@@ -33,7 +33,7 @@ _EXITCODE_LINE = re.compile(r"^exitcode\s*:")
 
 
 def error(output: object, status: object = None) -> str:
-    """The line of a failed container's output that names the cause: trainer.doctor's one
+    """The line of a failed container's output that names the cause: ddpfleet_doctor's one
     line, else the last exception of a traceback, else torchrun's exit code of the rank,
     else the last line with words in it (not a separator such as torchrun's '=====')."""
     lines = [_RANK_PREFIX.sub("", raw).strip() for raw in str(output or "").splitlines()]
