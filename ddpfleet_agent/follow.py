@@ -55,6 +55,7 @@ def snapshot(files: dict, run_id: str, hosts: list[str], attempt: str) -> dict:
         "progress": progress,
         "line": progress_line(run_id, progress, hosts) if progress else "",
         "links": list(files.get("links", {}).get("links") or []),
+        "checkpoints": list(files.get("checkpoints", {}).get("checkpoints") or []),
     }
 
 

@@ -11,10 +11,15 @@ It also names every link among what ddpfleet itself writes or reads there (``WAT
 anything under nodes/ and lib/), as a record ``links`` ({"links": [...]}, only when there is
 one): train.yml refuses such a run directory rather than act through a link a program in the
 run's container planted (nodes -> /etc, lib/x.py -> another run's file).
+
+And the names of the run's checkpoints (``checkpoints/step-<9 digits>.pt``, the trainer's
+names), as a record ``checkpoints`` (only when there is one): train.yml refuses
+``train_resume=never`` on them before anything starts.
 """
 
 import json
 import os
+import re
 import stat
 import sys
 
@@ -23,6 +28,7 @@ WATCHED = ("config.json", "summary.json", "progress.json", "metrics.jsonl", "rep
            "report.png", "agent.key", "nodes", "logs", "checkpoints", "code", "lib")  # fmt: skip
 WALKED = ("nodes", "lib")  # every entry below these, to this depth
 DEPTH = 6
+CHECKPOINT = re.compile(r"step-\d{9}\.pt")  # trainer.checkpoint.NAME
 
 
 def opendir(name, parent=None):
@@ -97,6 +103,12 @@ def main(run_dir, uid, gid, mark):
     links = planted_links(top)
     if links:
         out.write(f"{mark} links\n{json.dumps({'links': links})}\n".encode())
+    kept = opendir("checkpoints", top)
+    names = (
+        sorted(n for n in os.listdir(kept) if CHECKPOINT.fullmatch(n)) if kept is not None else []
+    )
+    if names:
+        out.write(f"{mark} checkpoints\n{json.dumps({'checkpoints': names})}\n".encode())
 
 
 if __name__ == "__main__":

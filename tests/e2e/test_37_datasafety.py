@@ -3,8 +3,8 @@
 A run whose learning rate makes it diverge fails, names the step and keeps only finite
 checkpoints, and a re-run with a sane learning rate resumes from the last good one.
 Links planted in its run directory make train.yml refuse it, naming them.
-``train_resume=never`` on that used run is refused without touching it; restarted with
-``train_resume=archive`` it moves the old checkpoints aside and starts at step 0.
+``train_resume=never`` on that used run is refused by train.yml without touching it;
+restarted with ``train_resume=archive`` it moves the old checkpoints aside and starts at step 0.
 """
 
 from __future__ import annotations
@@ -96,13 +96,20 @@ def test_links_planted_in_the_run_directory_are_refused_before_anything_starts(
 def test_resume_never_on_the_used_run_is_refused_and_touches_nothing(
     cluster: Any, diverged
 ) -> None:
+    """Refused by train.yml from the run's state, before its lock, preflight or any container
+    (the trainer's own refusal of the same is a unit test: test_trainer_resume)."""
     rid, _, _ = diverged
     before = checkpoint_files(cluster, rid)
     metrics = run_file(cluster, rid, "metrics.jsonl")
     run = train(cluster, rid, "-e", "train_resume=never", "-e", "train_max_steps=4")
     assert run.rc != 0
-    node_log = run_file(cluster, rid, f"nodes/{cluster.nodes[0].name}.log")
-    assert "trainer: error: --resume never: " in node_log, node_log[-3000:]
+    said = " ".join(run.stdout.split())  # the YAML callback folds long lines
+    newest = f"step-{max(steps_of(before)):09d}.pt"
+    assert (
+        f"train_resume=never: {SHARED}/runs/{rid}/checkpoints has {len(before)} checkpoint(s) "
+        f"(up to {newest}); continue with train_resume=auto"
+    ) in said, said[-3000:]
+    assert "Take the run's launch lock" not in run.stdout
     assert checkpoint_files(cluster, rid) == before
     assert run_file(cluster, rid, "metrics.jsonl") == metrics
 

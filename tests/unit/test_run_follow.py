@@ -124,6 +124,22 @@ def test_links_planted_among_ddpfleet_s_files_are_named_and_not_followed(open_di
     assert "links" not in read(run_dir)
 
 
+def test_the_read_names_the_run_s_checkpoints_for_train_resume_never(open_dir: Path):
+    """train.yml refuses train_resume=never on a run with checkpoints before anything starts:
+    the read lists the trainer's checkpoint names, nothing else in checkpoints/."""
+    run_dir = open_dir / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    assert "checkpoints" not in read(run_dir)
+    for name in ("step-000000012.pt", "step-000000004.pt", ".step-000000016.pt.tmp", "order.json"):
+        (run_dir / "checkpoints" / name).write_bytes(b"x")
+    files = read(run_dir)
+    assert files["checkpoints"] == {"checkpoints": ["step-000000004.pt", "step-000000012.pt"]}
+    assert view.snapshot(files, "r", HOSTS, "")["checkpoints"] == [
+        "step-000000004.pt",
+        "step-000000012.pt",
+    ]
+
+
 def test_read_command_of_a_missing_run_dir_prints_nothing(tmp_path: Path):
     cmd = view.read_command(str(tmp_path / "absent"), NOBODY, NOBODY)
     proc = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, check=False)

@@ -98,6 +98,6 @@ class ActionModule(ActionBase):
 
     @staticmethod
     def _done(result: dict, snap: dict, outcome: str, lines: list[str]) -> dict:
-        keep = ("summary", "exits", "progress", "config", "attempt", "links")
+        keep = ("summary", "exits", "progress", "config", "attempt", "links", "checkpoints")
         result.update({k: snap[k] for k in keep}, changed=False, outcome=outcome, lines=lines)
         return result
