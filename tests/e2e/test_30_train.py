@@ -1,15 +1,15 @@
 """train.yml, status.yml and stop.yml on the sandbox: real torchrun containers under the run
 agent on every node.
 
-A short synthetic run completes with world size = nodes x processes while train.yml follows
-it; with the controller's ansible-playbook killed mid-run, a rank's container killed brings
-every container of the run down within 15 s with nobody following, the failure names that
-host and rank, and the re-run (train_follow=false, logged in as root) returns at once,
-resumes from the newest checkpoint and status.yml reports it later; an ImageFolder run whose
-validation outlasts the heartbeat timeout is stopped during validation, keeps the trainer's
-checkpoint, and resumes from it (a second train.yml attaches to it while it runs); every bad
-input is refused with one line before anything starts. Prints launch-to-first-step and
-teardown.
+A short synthetic run, started by two train.yml at once (launched once, under the launch lock),
+completes with world size = nodes x processes while both follow it; with the controller's
+ansible-playbook killed mid-run, a rank's container killed brings every container of the run
+down within 15 s with nobody following, the failure names that host and rank, and the re-run
+(train_follow=false, logged in as root) returns at once, resumes from the newest checkpoint and
+status.yml reports it later; an ImageFolder run whose validation outlasts the heartbeat timeout
+is stopped during validation, keeps the trainer's checkpoint, and resumes from it (a second
+train.yml attaches to it while it runs); every bad input is refused with one line before
+anything starts. Prints launch-to-first-step and teardown.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 import pytest
-from site_fixtures import PlaybookRun, run_site
+from site_fixtures import PlaybookRun, parse_recap, run_site
 from train_fixtures import FAST, SHARED, STAMP, run_id
 
 TEARDOWN_LIMIT_S = 15
@@ -120,12 +120,27 @@ def launch_to_first_step(sandbox: Any, rid: str) -> float:
 RESNET50 = ["-e", "train_arch=resnet50"]  # the product's model (FAST trains resnet18)
 
 
+def started(proc: subprocess.Popen[str], since: float) -> PlaybookRun:
+    """The PlaybookRun of a train.yml from start_train, once it has ended."""
+    out, _ = proc.communicate(timeout=900)
+    wall = round(time.monotonic() - since, 1)
+    return PlaybookRun(("train.yml",), proc.returncode, out, "", wall, parse_recap(out))
+
+
 @pytest.fixture(scope="module")
-def synthetic(cluster: Any) -> tuple[str, PlaybookRun]:
+def synthetic(cluster: Any) -> tuple[str, PlaybookRun, PlaybookRun]:
+    """Two train.yml with one run_id, started 0.5 s apart (two users, or a command run twice):
+    one launches the run under the launch lock, the other waits for it, finds the run running
+    and follows it to the same end."""
     rid = run_id("syn")
-    run = train(cluster, rid, "-e", "train_max_steps=8", *RESNET50)
+    args = ("-e", "train_max_steps=8", *RESNET50)
+    since = time.monotonic()
+    first = start_train(cluster, rid, *args)
+    time.sleep(0.5)
+    second = start_train(cluster, rid, *args)
+    run, other = started(first, since), started(second, since)
     print(f"\ntrain.yml synthetic run: {run.wall_s:.1f} s, rc {run.rc}")
-    return rid, run
+    return rid, run, other
 
 
 def progress_lines(rid: str, out: str) -> list[tuple[int, int]]:
@@ -136,7 +151,7 @@ def progress_lines(rid: str, out: str) -> list[tuple[int, int]]:
 
 
 def test_synthetic_run_completes_on_every_node(cluster: Any, synthetic) -> None:
-    rid, run = synthetic
+    rid, run, _ = synthetic
     assert run.rc == 0, run.tail()
     data = summary(cluster, rid)
     assert data["status"] == "completed"
@@ -152,8 +167,18 @@ def test_synthetic_run_completes_on_every_node(cluster: Any, synthetic) -> None:
     print(f"launch to first step: {launch_to_first_step(cluster, rid):.1f} s")
 
 
+def test_two_train_yml_at_once_launch_the_run_once(cluster: Any, synthetic) -> None:
+    rid, run, other = synthetic
+    assert other.rc == 0, other.tail()
+    launches = run_file(cluster, rid, "nodes/node1.log").count("node1: node_rank 0 of 3, attempt")
+    assert launches == 1, run_file(cluster, rid, "nodes/node1.log")
+    assert all(f"run {rid} completed" in r.stdout for r in (run, other))
+    gone = cluster.ssh(cluster.nodes[0], f"test ! -e {SHARED}/runs/{rid}.lock")
+    assert gone.returncode == 0, "the launch lock was left behind"
+
+
 def test_train_follows_the_run_with_progress_lines(synthetic) -> None:
-    rid, run = synthetic
+    rid, run, _ = synthetic
     lines = progress_lines(rid, run.stdout)
     assert lines, run.tail()
     assert all(total == 8 for _, total in lines)
@@ -161,7 +186,7 @@ def test_train_follows_the_run_with_progress_lines(synthetic) -> None:
 
 
 def test_report_table_and_plot(cluster: Any, synthetic) -> None:
-    rid, run = synthetic
+    rid, run, _ = synthetic
     assert f"run {rid} completed" in run.stdout
     assert re.search(r"^\s*\"?\s*total\s+\d+\.\d", run.stdout, re.M), run.tail()
     assert "final loss" in run.stdout
@@ -178,7 +203,7 @@ def test_report_table_and_plot(cluster: Any, synthetic) -> None:
 
 
 def test_rerun_of_a_completed_run_changes_nothing(cluster: Any, synthetic) -> None:
-    rid, _ = synthetic
+    rid, _, _ = synthetic
     again = train(cluster, rid, *RESNET50)
     assert again.rc == 0, again.tail()
     assert f"run {rid} already completed; nothing to do" in again.stdout
@@ -187,7 +212,7 @@ def test_rerun_of_a_completed_run_changes_nothing(cluster: Any, synthetic) -> No
 
 
 def test_status_of_a_completed_run(cluster: Any, synthetic) -> None:
-    rid, _ = synthetic
+    rid, _, _ = synthetic
     status = run_site(cluster, "-e", f"run_id={rid}", playbook="status.yml")
     assert status.rc == 0, status.tail()
     assert f"run {rid}: completed" in status.stdout
@@ -252,6 +277,10 @@ def test_status_reports_the_failure_nobody_followed(cluster: Any, killed: dict) 
 # the failed run logs in as root, the option kept for clusters that allow it: its lock, status
 # read and report.
 ROOT_LOGIN = ["-e", "ansible_user=root", "-e", "ansible_become=false"]
+# Well past the step the killed run reached (its checkpoint every 2 steps), so that the resumed
+# attempt has steps past train_throughput_warmup and its report a total img/s: on a fast CPU
+# the run reached step 12 of 40 before the kill, and a re-run to 14 had none.
+RESUMED_STEPS = 24
 
 
 def test_rerun_of_a_failed_run_resumes_without_following_and_status_reports_it_later(
@@ -262,7 +291,7 @@ def test_rerun_of_a_failed_run_resumes_without_following_and_status_reports_it_l
     following, and status.yml only reads it."""
     rid = killed["rid"]
     run = train(
-        cluster, rid, "-e", "train_max_steps=14", "-e", "train_checkpoint_every=2",
+        cluster, rid, "-e", f"train_max_steps={RESUMED_STEPS}", "-e", "train_checkpoint_every=2",
         "-e", "train_follow=false", *ROOT_LOGIN,
     )  # fmt: skip
     assert run.rc == 0, run.tail()
@@ -279,7 +308,7 @@ def test_rerun_of_a_failed_run_resumes_without_following_and_status_reports_it_l
     assert progress(cluster, rid)["status"] == "completed"
     data = summary(cluster, rid)
     assert data["status"] == "completed"
-    assert data["steps"] == 14
+    assert data["steps"] == RESUMED_STEPS
     assert data["resumed_from_step"] >= 2
     head = cluster.ssh(cluster.nodes[0], f"head -c 8 {SHARED}/runs/{rid}/report.png | od -An -c")
     assert "P   N   G" in head.stdout
