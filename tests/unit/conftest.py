@@ -1,4 +1,4 @@
-"""Fixtures for the diagnostics tests (ddpfleet_doctor)."""
+"""Fixtures shared by the unit tests of the trainer and the diagnostics."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-# As in tests/unit/trainer/conftest.py: other unit tests import ansible, whose module_utils
-# replace the builtin sys.intern with a callable object, which torch._dynamo (imported by
-# torchvision) rejects at import time. Import torch's stack once with the builtin in place.
+# Other unit tests import ansible, whose module_utils replace the builtin sys.intern with a
+# callable object; torch._dynamo (imported by torchvision) rejects that at import time.
+# Import torch's stack once with the builtin in place, then put ansible's patch back.
 _patched_intern = sys.intern
 sys.intern = getattr(type(_patched_intern), "unpatched_implementation", _patched_intern)
 try:
@@ -23,8 +23,7 @@ from trainer.make_dataset import write_dataset  # noqa: E402
 
 @pytest.fixture(scope="session")
 def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real JPEG ImageFolder for the storage check: 3 classes, 8 train and 2 val images
-    each, 40 px."""
+    """A real JPEG ImageFolder: 3 classes, 8 train and 2 val images each, 40 px."""
     root = tmp_path_factory.mktemp("imagefolder")
     write_dataset(root, classes=3, train_per_class=8, val_per_class=2, size=40)
     return root
