@@ -130,12 +130,15 @@ def test_without_the_agent_start_needs_the_output_dir(tmp_path: Path) -> None:
 
 
 def test_a_failed_write_is_logged_once_and_training_goes_on(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A full disk must not kill training: one warning, however many writes fail."""
+    """A full disk must not kill training: one warning, however many writes fail.
+
+    pytest also captures the "trainer" logger when an earlier in-process setup_logging
+    stopped it propagating; turning propagation back on here would count each record twice.
+    """
     blocked = tmp_path / "out"
     blocked.write_text("")  # a file where the output directory should be
-    monkeypatch.setattr(LOG, "propagate", True)  # setup_logging may have turned it off
     hb = Heartbeat(rank=0, local_rank=0, host="h", period=0.01)
     with caplog.at_level(logging.WARNING, logger=LOG.name):
         hb.start(blocked)
