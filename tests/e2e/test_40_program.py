@@ -5,8 +5,9 @@ DistributedSampler and DDP, nothing of the trainer package. It runs from a code 
 the controller (a copy the test may edit), on every sandbox node, with the agents' guarantees:
 the frozen code copy in the run directory, a killed rank tearing the run down with its host
 named, a resumed run keeping its frozen copy, and a missing program refused up front. The
-first run carries a token in train_env and is followed at -vvv: the token is shown nowhere,
-and nothing in the run directory is world-readable.
+first run is in a user's own image from the cluster registry (pulled where missing), carries
+a token in train_env and is followed at -vvv: the token is shown nowhere, and nothing in the
+run directory is world-readable.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +44,34 @@ SECRET = f"e2e-token-{STAMP}-5c1e"
 
 
 @pytest.fixture(scope="module")
-def completed(cluster: Any, code_dir: Path) -> dict:
+def user_image(cluster: Any) -> Iterator[str]:
+    """A user's own image, made FROM the training image and pushed to the cluster registry
+    (site.yml set it up); no node holds it before the run that names it."""
+    node1 = cluster.nodes[0]
+    base = cluster.ssh(node1, "cat /etc/ddpfleet/trainer_image").stdout.strip()
+    user = f"{base.split('/')[0]}/e2e/user-{STAMP}:1"
+    build = cluster.ssh(
+        node1,
+        f"printf 'FROM {base}\\nLABEL io.ddpfleet.e2e=user-image\\n' | docker build -q -t {user} - "
+        f"&& docker push -q {user} && docker rmi {user}",
+        timeout=300,
+    )
+    assert build.returncode == 0, build.stderr
+    yield user
+    for node in cluster.nodes:
+        cluster.ssh(node, f"docker rmi {user}")
+
+
+@pytest.fixture(scope="module")
+def completed(cluster: Any, code_dir: Path, user_image: str) -> dict:
+    """The program from a code directory, in the user's image, with a token, followed at -vvv:
+    one run for the code copy, the user image's pull, and the secret's hiding."""
     rid = run_id("prog")
     secret = json.dumps({"train_env": {"DDPFLEET_E2E_TOKEN": SECRET}})
-    run = train(cluster, rid, *program(code_dir, "--epochs", "2"), "-e", secret, "-vvv")
+    run = train(
+        cluster, rid, "-e", f"train_image={user_image}",
+        *program(code_dir, "--epochs", "2"), "-e", secret, "-vvv",
+    )  # fmt: skip
     return {"rid": rid, "run": run}
 
 
@@ -184,26 +210,10 @@ def test_program_missing_from_the_image_is_refused_before_anything_starts(cluste
 
 
 def test_a_user_image_from_the_cluster_registry_is_pulled_and_runs_the_program(
-    cluster: Any, code_dir: Path
+    cluster: Any, completed: dict, user_image: str
 ) -> None:
-    node1 = cluster.nodes[0]
-    base = cluster.ssh(node1, "cat /etc/ddpfleet/trainer_image").stdout.strip()
-    user = f"{base.split('/')[0]}/e2e/user-{STAMP}:1"  # in the registry site.yml set up
-    build = cluster.ssh(
-        node1,
-        f"printf 'FROM {base}\\nLABEL io.ddpfleet.e2e=user-image\\n' | docker build -q -t {user} - "
-        f"&& docker push -q {user} && docker rmi {user}",
-        timeout=300,
-    )
-    assert build.returncode == 0, build.stderr
-    rid = run_id("userimg")
-    try:
-        run = train(cluster, rid, "-e", f"train_image={user}", *program(code_dir, "--epochs", "1"))
-    finally:
-        for node in cluster.nodes:
-            cluster.ssh(node, f"docker rmi {user}")
+    rid, run = completed["rid"], completed["run"]
     assert run.rc == 0, run.tail()
     pulls = run.stdout.split("TASK [trainer_run : Pull train_image where it is missing]")[1]
     assert all(f"changed: [{n.name}]" in pulls.split("TASK [")[0] for n in cluster.nodes), pulls
-    assert json.loads(run_file(cluster, rid, "config.json"))["image"] == user
-    assert summary(cluster, rid)["status"] == "completed"
+    assert json.loads(run_file(cluster, rid, "config.json"))["image"] == user_image
