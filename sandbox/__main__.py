@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="create or repair the sandbox and write its inventory")
     down = sub.add_parser("down", help="remove every container, network, volume and key it made")
     status = sub.add_parser("status", help="show nodes, IPs and storage mode")
+    sub.add_parser("images", help="build (or reuse) the node images that up needs, start nothing")
     for cmd in (up, down, status):
         cmd.add_argument("--nodes", help="number of nodes (env SANDBOX_NODES, default 3)")
         cmd.add_argument(
@@ -49,11 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = make_settings(args.subnet, args.nodes, getattr(args, "login", None))
+        given = {k: getattr(args, k, None) for k in ("subnet", "nodes", "login")}
+        settings = make_settings(given["subnet"], given["nodes"], given["login"])
         if args.command == "up":
             cluster.up(settings)
         elif args.command == "down":
             cluster.down(settings, purge=args.purge)
+        elif args.command == "images":
+            cluster.build_images(settings)
         else:
             return cluster.status(settings)
     except SandboxError as exc:

@@ -73,6 +73,17 @@ def up(settings: Settings) -> None:
         _up(settings)
 
 
+def build_images(settings: Settings) -> None:
+    """Build (or reuse) the node and trainer-base images that ``up`` needs, starting nothing:
+    a later ``up`` then only starts the nodes (CI builds them while the venv installs)."""
+    with _exclusive(settings):
+        started = time.monotonic()
+        engine_version()
+        node = images.ensure_node_image(settings.cache)
+        base, _ = images.ensure_trainer_base(settings.cache)
+        print(f"sandbox: images {node} and {base} ready in {time.monotonic() - started:.0f}s")
+
+
 def _up(settings: Settings) -> None:
     started = time.monotonic()
     engine_version()
