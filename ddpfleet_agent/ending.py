@@ -93,10 +93,10 @@ class Ending:
                 before = self.records.progress()
                 time.sleep(max(cfg.settle * 2, 3 * PROGRESS_EVERY))
                 self.records.flush(10.0)
-                if (
-                    self.records.summary().get("attempt") != cfg.attempt
-                    or "failure" not in self.records.summary()
-                ):
+                summary = self.records.summary()
+                if self.records.storage_silent:
+                    return  # the storage went with node rank 0's host: nothing can be written
+                if summary.get("attempt") != cfg.attempt or "failure" not in summary:
                     self.records.write_failure(
                         cfg.run_id, cfg.attempt, self.failure, cfg.log_tail_lines
                     )
@@ -110,7 +110,11 @@ class Ending:
         off host sees it change and leaves it to node rank 0)."""
         cfg = self.cfg
         now = self.records.progress()
-        if now != before or (now.get("attempt") == cfg.attempt and now.get("state") == "ended"):
+        if (
+            self.records.storage_silent
+            or now != before
+            or (now.get("attempt") == cfg.attempt and now.get("state") == "ended")
+        ):
             return
         record = {**now, "run_id": cfg.run_id, "attempt": cfg.attempt, "state": "ended",
                   "status": "failed", "time": time.time()}  # fmt: skip

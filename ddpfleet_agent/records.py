@@ -3,7 +3,8 @@ one writer of ``summary.json``: the trainer's rank 0 writes its summary through
 ``write_trainer_summary``; the agent merges a run's outcome into it (``Records``).
 
 Shared storage can stall (a hard NFS mount blocks): every agent write goes through one writer
-thread, so supervision never waits on it; ``flush`` waits a bounded time at the end.
+thread, so supervision never waits on it; ``flush`` waits a bounded time at the end, and a read
+(``summary``, ``progress``) waits at most ``read_timeout`` s.
 """
 
 from __future__ import annotations
@@ -47,6 +48,21 @@ def read_json(path: Path) -> dict:
     return {}
 
 
+# How long the agent waits for one read of the shared storage before it counts the storage as
+# gone (a hard NFS mount whose server died blocks a read for ever).
+STORAGE_READ_TIMEOUT = 10.0
+
+
+def read_json_within(path: Path, timeout: float) -> dict | None:
+    """``read_json`` on a thread of its own, waited for ``timeout`` s: None when the storage
+    did not answer in time (the thread is left blocked; the caller goes on)."""
+    box: list[dict] = []
+    reader = threading.Thread(target=lambda: box.append(read_json(path)), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return box[0] if box else None
+
+
 def tail_lines(path: Path, count: int) -> list[str]:
     """The last `count` non-empty lines of a text file (no link followed)."""
     try:
@@ -79,6 +95,8 @@ class Records:
         self._thread.start()
         self._log = None
         self.pending_progress = False
+        self.read_timeout = STORAGE_READ_TIMEOUT
+        self.storage_silent = False  # a read timed out: no more reads of the shared storage
 
     def _work(self) -> None:
         while True:
@@ -135,10 +153,24 @@ class Records:
         self.submit(job)
 
     def summary(self) -> dict:
-        return read_json(self.run_dir / "summary.json")
+        return self._read("summary.json")
 
     def progress(self) -> dict:
-        return read_json(self.run_dir / "progress.json")
+        return self._read("progress.json")
+
+    def _read(self, name: str) -> dict:
+        """A record of the run directory, read within ``read_timeout`` s; {} when the storage
+        did not answer (then ``storage_silent``, said once on stderr, and no read waits again)."""
+        if self.storage_silent:
+            return {}
+        got = read_json_within(self.run_dir / name, self.read_timeout)
+        if got is None:
+            self.storage_silent = True
+            with contextlib.suppress(OSError):
+                os.write(2, f"ddpfleet agent: shared storage did not answer a read of {name} "
+                            f"within {self.read_timeout:g} s\n".encode())  # fmt: skip
+            return {}
+        return got
 
     def write_report(self, run_id: str, hosts: list[str], nproc: int, ratio: float) -> None:
         """report.txt and report.png of a completed run (ddpfleet_agent.report), queued after

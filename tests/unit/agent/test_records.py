@@ -1,0 +1,74 @@
+"""The agent's reads of the shared storage are bounded: a path that really blocks (a FIFO with
+no writer blocks open() as a hard NFS mount whose server died does) costs one bounded wait."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ddpfleet_agent.cli import parse_args
+from ddpfleet_agent.records import Records
+
+
+@pytest.fixture
+def blocked(tmp_path: Path) -> Iterator[Path]:
+    """progress.json and summary.json as FIFOs: opening either for reading blocks."""
+    for name in ("progress.json", "summary.json"):
+        os.mkfifo(tmp_path / name)
+    yield tmp_path
+    for name in ("progress.json", "summary.json"):  # let the readers left waiting go
+        with contextlib.suppress(OSError):
+            os.close(os.open(tmp_path / name, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_a_read_of_storage_that_does_not_answer_gives_up_within_its_bound(
+    blocked: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    records = Records(str(blocked), "h1")
+    records.read_timeout = 0.5
+    started = time.monotonic()
+    assert records.progress() == {}
+    assert records.summary() == {}  # the storage is known silent: no second wait
+    assert time.monotonic() - started < 1.5
+    assert records.storage_silent
+    err = capfd.readouterr().err
+    assert err.count("shared storage did not answer") == 1, err
+    assert "a read of progress.json within 0.5 s" in err
+
+
+def test_a_read_of_storage_that_answers_is_the_record(tmp_path: Path) -> None:
+    (tmp_path / "progress.json").write_text(json.dumps({"step": 3}))
+    records = Records(str(tmp_path), "h1")
+    assert records.progress() == {"step": 3}
+    assert records.summary() == {}  # missing: nothing written yet, not silent storage
+    assert not records.storage_silent
+
+
+def test_a_host_that_lost_the_store_and_the_storage_ends_without_waiting_on_it(
+    blocked: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node rank 0's host gone with the store and the storage: the others must not hang on
+    the run directory while they end (issue 27 item 3)."""
+    from ddpfleet_agent import ending  # noqa: PLC0415 - supervise loads torch
+    from ddpfleet_agent.supervise import Agent  # noqa: PLC0415
+
+    monkeypatch.setattr(ending, "PROGRESS_EVERY", 0.05)
+    args = ["--run-dir", str(blocked), "--run-id", "t1", "--hosts", "h0,h1", "--host", "h1",
+            "--node-rank", "1", "--store", "127.0.0.1:1", "--attempt", "a1", "--key-file", "k",
+            "--", "true"]  # fmt: skip
+    agent = Agent(parse_args(args))
+    agent.cfg.settle = 0.05
+    agent.records.read_timeout = 0.5
+    agent.store_ok = False
+    agent.failure = {"host": "h0", "rank": 0, "reason": "host h0 silent"}
+    started = time.monotonic()
+    agent._write_summary("failed")
+    assert time.monotonic() - started < 3
+    assert agent.records.storage_silent
+    assert agent.records.flush(1)  # nothing was queued for the silent storage
