@@ -10,11 +10,14 @@ names the same cause. What each rule sees:
 - ``host_problem``: another host's agent silent past the peer timeout (gone or unreachable),
   or every other host silent at once (this host is cut off);
 - ``runtime_problem``: the run past its ``max_runtime``;
-- a rank's own non-zero exit, named by the agent from torchrun's root cause (ranks.py).
+- a rank's own non-zero exit, named by the agent from torchrun's root cause (ranks.py);
+  ``first_cause`` picks which of the hosts' exits ended the run.
 """
 
 from __future__ import annotations
 
+import math
+import signal
 import time
 from typing import TypedDict
 
@@ -23,6 +26,14 @@ from ddpfleet_agent.ranks import FROZEN_AFTER
 # A rank's heartbeat thread beats every second (DDPFLEET_HEARTBEAT_INTERVAL); one this recent
 # is running.
 LIVE_FRESH = 2.5
+
+
+# A rank that died of one of these was ended from outside (the OOM killer, kill -9) or crashed
+# on its own. A rank that lost a peer ends otherwise: an exception of its collective (an exit
+# code), NCCL's watchdog (SIGABRT), or its launcher ending its siblings (SIGTERM).
+CAUSE_SIGNALS = frozenset(
+    {signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE}
+)
 
 
 class Failure(TypedDict, total=False):
@@ -120,3 +131,26 @@ def hang_cause(
     at = f"at step {r.get('step')}, phase {r.get('phase')})"
     reason = f"rank {r['rank']} {what} for {float(age or 0):.0f}s {at}"
     return failure(hosts, node, r["rank"], None, reason, judge=judge)
+
+
+def died_of_cause_signal(code: int | None) -> bool:
+    """Whether an exit code (negative: the signal, >128: a shell's 128+signal) is a death by
+    one of CAUSE_SIGNALS."""
+    if code is None or not (code < 0 or code > 128):
+        return False
+    return (-code if code < 0 else code - 128) in CAUSE_SIGNALS
+
+
+def first_cause(exits: list[Failure]) -> Failure:
+    """The exit that ended the run, of the failed exits the hosts' agents saw within the
+    settle time: a rank killed or crashed (CAUSE_SIGNALS) before one that exited with an error,
+    then the earliest. Within a second of a rank's death its peers fail too, each on its own
+    host, and the first agent to claim is not always the dead rank's: a user program's rank
+    that loses its peer raises at once, sooner than the dead rank's torchrun exits."""
+    return min(
+        exits,
+        key=lambda f: (
+            0 if died_of_cause_signal(f.get("exit_code")) else 1,
+            f.get("time") or math.inf,
+        ),
+    )

@@ -1,8 +1,9 @@
 """The other hosts' agents, over the run's c10d TCPStore (served by node rank 0's agent).
 
-Keys: ``alive/<n>`` keepalive count, ``ranks/<n>`` the host's rank views, ``failure`` the
-first failure claimed (compare-and-set), ``stop`` a requested stop, ``exit/<n>`` how a host's
-command ended. Ages are measured by each host on its own clock, so clocks need not agree.
+Keys: ``alive/<n>`` keepalive count, ``ranks/<n>`` the host's rank views (with the failed
+exit it saw, ``cause``, once its command failed), ``failure`` the first failure claimed
+(compare-and-set), ``stop`` a requested stop, ``exit/<n>`` how a host's command ended. Ages are
+measured by each host on its own clock, so clocks need not agree.
 
 The store takes any client on the cluster network, so every value is sealed: the JSON value
 with an HMAC-SHA256 over the key's name and the value, under the run's secret (``--key-file``,
@@ -152,6 +153,16 @@ class Peers:
                 if done is not None:
                     self.exits[node] = done
         return self._get("failure"), self._get("stop")
+
+    def exit_causes(self) -> list[dict]:
+        """The failed exits the other hosts' agents published (their ``cause``), as last read."""
+        return [
+            view["cause"]
+            for node, view in self.views.items()
+            if node != self.cfg.node_rank
+            and isinstance(view.get("cause"), dict)
+            and SHAPES["failure"](view["cause"])
+        ]
 
     def silent(self, now: float, after: float) -> list[int]:
         """Other hosts without a keepalive for `after` seconds (since start when never seen),

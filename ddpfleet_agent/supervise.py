@@ -177,12 +177,13 @@ class Agent(Ending):
             return "stopped", EXIT_STOPPED
         self.ranks.wait_output()
         rank, rcode, reason = self.ranks.failed_rank(code)
-        # A dead host's ranks make the others fail too: watch the keepalives for a moment and
-        # name a host that went silent rather than this one.
+        mine = self._failure(self.cfg.node_rank, rank, rcode, reason)
+        # A dead rank or host makes the others fail too: publish this exit, watch the peers'
+        # for a moment, and name a host that went silent, else the first cause of all exits.
         deadline = time.time() + self.cfg.settle
         while time.time() < deadline:
             try:
-                failure, _ = self.peers.exchange(self._record("exited"))
+                failure, _ = self.peers.exchange({**self._record("exited"), "cause": mine})
             except StoreLost:
                 self.store_ok = False
                 break
@@ -199,8 +200,9 @@ class Agent(Ending):
                 None,
                 "host stopped responding (its agent's keepalive ended: container or host gone)",
             )
-        else:
-            mine = self._failure(self.cfg.node_rank, rank, rcode, reason)
+        elif self.store_ok:
+            cause = failures.first_cause([mine, *self.peers.exit_causes()])
+            mine = {**cause, "claimed_by": self.cfg.host}
         self.failure = self._claim(mine)
         return "failed", code
 

@@ -45,7 +45,9 @@ while True:
 # A stand-in for a trainer rank: behaviour from FAKE_<rank> = "run:<s>", "exit:<code>:<s>",
 # "hang" (alive, no progress after step 3), "stoppable" (SIGTERM -> exit 143),
 # "deaf" (ignores SIGTERM), "done:<s>" (a last heartbeat in phase "done", then <s> seconds
-# before it exits 0, as a trainer tearing down). Writes heartbeats like the trainer (a thread).
+# before it exits 0, as a trainer tearing down), "killed:<s>" (SIGKILLs itself after <s>).
+# Times count from the rank's start, or from FAKE_T0 (an epoch time) when the test sets one.
+# Writes heartbeats like the trainer (a thread).
 RANK = r"""
 import json, os, signal, sys, threading, time
 rank = int(sys.argv[1])
@@ -75,7 +77,8 @@ if mode[0] == "done":
     beating[0] = False
     time.sleep(float(mode[1]))
     sys.exit(0)
-deadline = time.time() + (float(mode[-1]) if mode[0] in ("run", "exit") else 120)
+t0 = float(os.environ.get("FAKE_T0") or time.time())
+deadline = t0 + (float(mode[-1]) if mode[0] in ("run", "exit", "killed") else 120)
 while time.time() < deadline:
     if stop:
         time.sleep(0.5)
@@ -84,6 +87,8 @@ while time.time() < deadline:
         state["step"] += 1
         state["progress_time"] = time.time()
     time.sleep(0.2)
+if mode[0] == "killed":
+    os.kill(os.getpid(), signal.SIGKILL)
 sys.exit(int(mode[1]) if mode[0] == "exit" else 0)
 """
 
@@ -126,9 +131,12 @@ class Cluster:
         self.key_file.write_bytes(self.key + b"\n")
         self.key_file.chmod(0o600)
 
-    def start(self, modes: dict[int, str], defects: dict[int, str] | None = None) -> None:
+    def start(
+        self, modes: dict[int, str], defects: dict[int, str] | None = None, t0: float = 0.0
+    ) -> None:
         """Start every host's agent; ``defects[node]``: an Agent method that raises there (a
-        stand-in for a bug in the agent itself, which is what its last-resort handler is for)."""
+        stand-in for a bug in the agent itself, which is what its last-resort handler is for);
+        ``t0``: the epoch time the modes' times count from, on every host alike."""
         for node, host in enumerate(self.hosts):
             agent = ["-m", "ddpfleet_agent"]
             if defects and node in defects:
@@ -143,6 +151,8 @@ class Cluster:
             env = {**os.environ, "FAKE_RANK": str(self.tmp / "rank.py"), "PYTHONPATH": str(ROOT)}
             env["TMPDIR"] = str(self.tmpdir)  # where the agents keep their heartbeat files
             env.update({f"FAKE_{r}": m for r, m in modes.items()})
+            if t0:
+                env["FAKE_T0"] = str(t0)
             out = subprocess.PIPE
             self.procs.append(
                 subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)

@@ -155,6 +155,19 @@ def processes_under(folder: Path) -> list[str]:
     return found
 
 
+def test_a_killed_rank_is_named_though_a_peer_that_lost_it_exited_first(cluster):
+    """A user program's rank that loses its peer raises at once: its host's exit can come
+    before the killed rank's own torchrun reports. The killed rank is the cause (CI saw
+    node1 rank 0 named for node3's rank 2 killed with SIGKILL, when the first claim won)."""
+    c = cluster(3)
+    c.start({0: "exit:1:4", 1: "killed:5", 2: "run:60"}, t0=time.time())
+    c.wait()
+    failure = c.json("summary.json")["failure"]
+    assert (failure["host"], failure["rank"], failure["exit_code"]) == ("h1", 1, -9), failure
+    assert failure["reason"] == "rank 1 killed by SIGKILL (exit code -9)"
+    assert failure["claimed_by"] == "h0", c.output()  # h0 saw both exits and named h1's
+
+
 def test_failed_rank_ends_every_host_and_names_it(cluster):
     c = cluster(3)
     c.start({0: "run:60", 1: "exit:3:2", 2: "run:60"})
