@@ -31,6 +31,8 @@ class AgentConfig:
     max_runtime: float = 0.0
     attempt: str = ""
     log_tail_lines: int = 20
+    fallback_dir: str = ""  # host-local: this host's log and exit record, storage or not
+    storage_timeout: float = 10.0  # the longest wait on one read or write of the run directory
     program: str = ""  # a user's program: node rank 0 writes summary.json for it at the end
     world_size: int = 0
     straggler_ratio: float = 0.9
@@ -69,8 +71,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-timeout", type=float, default=300.0)
     p.add_argument("--stop-timeout", type=float, default=90.0)
     p.add_argument("--max-runtime", type=float, default=0.0, help="0: no limit")
+    p.add_argument(
+        "--storage-timeout",
+        type=float,
+        default=10.0,
+        help="seconds one read or write of the run directory may take before the agent counts "
+        "the shared storage as gone",
+    )
     p.add_argument("--attempt", default="")
     p.add_argument("--log-tail-lines", type=int, default=20)
+    p.add_argument(
+        "--fallback-dir",
+        default="",
+        help="a host-local directory for this host's log and exit record, which status.yml "
+        "reads when the shared storage does not answer",
+    )
     p.add_argument(
         "--program",
         default="",
@@ -113,7 +128,9 @@ def parse_args(argv: list[str]) -> AgentConfig:
         raise BadAgentInput(f"--store must be ADDR:PORT, not {ns.store!r}")
     if not 0 <= ns.straggler_ratio <= 1:
         raise BadAgentInput("--straggler-ratio must be from 0 to 1")
-    for name in ("peer_timeout", "heartbeat_timeout", "stop_timeout", "max_runtime"):
+    for name in (
+        "peer_timeout", "heartbeat_timeout", "stop_timeout", "max_runtime", "storage_timeout"
+    ):  # fmt: skip
         value = getattr(ns, name)
         if not math.isfinite(value) or value < 0 or (value == 0 and name != "max_runtime"):
             raise BadAgentInput(f"--{name.replace('_', '-')} must be a finite number > 0")
@@ -133,6 +150,8 @@ def parse_args(argv: list[str]) -> AgentConfig:
         max_runtime=ns.max_runtime,
         attempt=ns.attempt,
         log_tail_lines=max(ns.log_tail_lines, 0),
+        fallback_dir=ns.fallback_dir,
+        storage_timeout=ns.storage_timeout,
         program=ns.program,
         world_size=max(ns.world_size, 0),
         straggler_ratio=ns.straggler_ratio,

@@ -62,12 +62,24 @@ class Ending:
             self._write_program_summary(outcome, exit_rec)
         if cfg.is_server:
             self._write_end(outcome)
-        if not self.records.flush(30.0):
-            print(
-                "ddpfleet agent: shared storage did not take the last records within 30 s",
-                flush=True,
-            )
+        # the last writes of a completed run (report.png) may take a while; a silent storage
+        # gets one bound more
+        bound = cfg.storage_timeout if self.records.storage_silent else 3 * cfg.storage_timeout
+        if not self.records.flush(bound) or self.records.storage_silent:
+            self._storage_gone(exit_rec)
         return code if outcome != "stopped" else EXIT_STOPPED
+
+    def _storage_gone(self, exit_rec: dict) -> None:
+        """The shared storage did not answer a read or take this host's records: the host-local
+        fallback's exit record names it as the cause (status.yml shows it, the storage gone)."""
+        cfg = self.cfg
+        storage = (
+            f"the shared storage did not answer within {cfg.storage_timeout:g} s ({cfg.run_dir})"
+        )
+        print(f"ddpfleet agent: {cfg.host}: {storage}", flush=True)
+        what = cause_line(cfg.run_id, self.failure) if self.failure else exit_rec["outcome"]
+        self.records.write_local_exit({**exit_rec, "storage": storage,
+                                       "cause": f"{storage}; {what}"})  # fmt: skip
 
     def _write_end(self, outcome: str) -> None:
         """Node rank 0: the run's status word from every host's exit it heard of, the report of
@@ -91,8 +103,9 @@ class Ending:
                 # The store's host is gone or this host is cut off: write the cause only if
                 # node rank 0 did not (it may still be there and have seen better).
                 before = self.records.progress()
-                time.sleep(max(cfg.settle * 2, 3 * PROGRESS_EVERY))
-                self.records.flush(10.0)
+                if not self.records.storage_silent:
+                    time.sleep(max(cfg.settle * 2, 3 * PROGRESS_EVERY))
+                    self.records.flush(cfg.storage_timeout)
                 summary = self.records.summary()
                 if self.records.storage_silent:
                     return  # the storage went with node rank 0's host: nothing can be written

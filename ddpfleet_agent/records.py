@@ -4,77 +4,34 @@ one writer of ``summary.json``: the trainer's rank 0 writes its summary through
 
 Shared storage can stall (a hard NFS mount blocks): every agent write goes through one writer
 thread, so supervision never waits on it; ``flush`` waits a bounded time at the end, and a read
-(``summary``, ``progress``) waits at most ``read_timeout`` s.
+(``summary``, ``progress``) waits at most ``read_timeout`` s. The host's log and exit record
+also go to a host-local fallback directory (``<host>.log``, ``<host>.exit``), written at once:
+what status.yml reads when the storage is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import threading
 import time
 from pathlib import Path
 
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write through a temp file beside path and os.replace: a reader sees old or new, whole."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def write_json_atomic(path: Path, obj: object, indent: int | None = 2) -> None:
-    """JSON, keys sorted, through ``write_bytes_atomic`` (indent None: one line)."""
-    write_bytes_atomic(path, (json.dumps(obj, indent=indent, sort_keys=True) + "\n").encode())
+from ddpfleet_agent.files import (
+    STORAGE_READ_TIMEOUT,
+    append_line,
+    read_json,
+    read_json_within,
+    tail_lines,
+    write_json_atomic,
+)
 
 
 def write_trainer_summary(run_dir: Path, summary: dict) -> None:
     """The trainer's summary.json (rank 0, at the end of a run), written whole, on one line;
     the agents then merge the run's outcome into it."""
     write_json_atomic(Path(run_dir) / "summary.json", summary, indent=None)
-
-
-def read_json(path: Path) -> dict:
-    """A JSON object file; {} when missing, unreadable or not an object. Never follows links."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return {}
-    with os.fdopen(fd, encoding="utf-8", errors="replace") as fh, contextlib.suppress(ValueError):
-        data = json.load(fh)
-        return data if isinstance(data, dict) else {}
-    return {}
-
-
-# How long the agent waits for one read of the shared storage before it counts the storage as
-# gone (a hard NFS mount whose server died blocks a read for ever).
-STORAGE_READ_TIMEOUT = 10.0
-
-
-def read_json_within(path: Path, timeout: float) -> dict | None:
-    """``read_json`` on a thread of its own, waited for ``timeout`` s: None when the storage
-    did not answer in time (the thread is left blocked; the caller goes on)."""
-    box: list[dict] = []
-    reader = threading.Thread(target=lambda: box.append(read_json(path)), daemon=True)
-    reader.start()
-    reader.join(timeout)
-    return box[0] if box else None
-
-
-def tail_lines(path: Path, count: int) -> list[str]:
-    """The last `count` non-empty lines of a text file (no link followed)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return []
-    with os.fdopen(fd, "rb") as fh:
-        fh.seek(0, os.SEEK_END)
-        fh.seek(max(fh.tell() - 65536, 0))
-        text = fh.read().decode("utf-8", "replace")
-    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
-    return lines[-count:] if count > 0 else []
 
 
 def cause_line(run_id: str, failure: dict) -> str:
@@ -86,9 +43,10 @@ def cause_line(run_id: str, failure: dict) -> str:
 class Records:
     """nodes/<host>.log|.exit, summary.json and progress.json of one run directory."""
 
-    def __init__(self, run_dir: str, host: str):
+    def __init__(self, run_dir: str, host: str, fallback_dir: str = ""):
         self.run_dir = Path(run_dir)
         self.host = host
+        self.fallback = Path(fallback_dir) if fallback_dir else None
         self.nodes = self.run_dir / "nodes"
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._work, daemon=True)
@@ -116,11 +74,25 @@ class Records:
         """Wait up to timeout s for every queued write; False when storage did not answer."""
         done = threading.Event()
         self._queue.put(done.set)
-        return done.wait(timeout)
+        if done.wait(timeout):
+            return True
+        self.storage_silent = True
+        return False
 
     def log(self, line: str) -> None:
-        """Append to nodes/<host>.log (queued)."""
+        """Append to nodes/<host>.log (queued) and to the fallback's <host>.log (at once)."""
         self.submit(lambda: self._append(line))
+        self._local(lambda d: append_line(d / f"{self.host}.log", line))
+
+    def _local(self, write) -> None:
+        """A write to the host-local fallback directory: never fails the agent."""
+        if self.fallback is None:
+            return
+        try:
+            write(self.fallback)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.write(2, f"ddpfleet agent: fallback write failed: {exc}\n".encode())
 
     def _append(self, line: str) -> None:
         if self._log is None:
@@ -135,7 +107,12 @@ class Records:
         self._log.flush()
 
     def write_exit(self, record: dict) -> None:
+        """nodes/<host>.exit (queued) and the fallback's <host>.exit (at once)."""
         self.submit(lambda: write_json_atomic(self.nodes / f"{self.host}.exit", record))
+        self.write_local_exit(record)
+
+    def write_local_exit(self, record: dict) -> None:
+        self._local(lambda d: write_json_atomic(d / f"{self.host}.exit", record))
 
     def write_progress(self, progress: dict, final: bool = False) -> None:
         """Queue a progress.json rewrite unless the last one is still waiting for storage (the

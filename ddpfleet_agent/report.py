@@ -11,9 +11,9 @@ import stat
 import statistics
 from pathlib import Path
 
+from ddpfleet_agent.files import read_json, write_bytes_atomic
 from ddpfleet_agent.plot import render_png
 from ddpfleet_agent.ranks import number
-from ddpfleet_agent.records import read_json, write_bytes_atomic
 
 METRICS_MAX = 64 << 20  # bytes of metrics.jsonl read for the plot
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ddpfleet_agent.records import write_json_atomic
+from ddpfleet_agent.files import write_json_atomic
 from trainer import distributed as dist_utils
 from trainer.metrics import NonFiniteError
 

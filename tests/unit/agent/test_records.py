@@ -72,3 +72,54 @@ def test_a_host_that_lost_the_store_and_the_storage_ends_without_waiting_on_it(
     assert time.monotonic() - started < 3
     assert agent.records.storage_silent
     assert agent.records.flush(1)  # nothing was queued for the silent storage
+
+
+def plant_fifo(path: Path) -> None:
+    """Put a FIFO at path (over a file there): opening it blocks until the other end opens."""
+    fifo = path.with_name(f".fifo-{path.name}")
+    os.mkfifo(fifo)
+    os.replace(fifo, path)
+
+
+def release_fifo(path: Path, mode: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(os.open(path, mode | os.O_NONBLOCK))
+
+
+def test_storage_and_store_host_gone_the_other_agent_ends_within_the_bound_and_says_so_locally(
+    cluster, tmp_path: Path
+) -> None:
+    """Node rank 0's host dies with the shared storage (its store gone; the run directory's
+    reads and h1's exit record block): h1's agent ends its rank and exits within two storage
+    bounds of losing the store, and its host-local fallback holds its log and the exit record
+    naming the storage (issue 27 item 3)."""
+    local = tmp_path / "local"
+    local.mkdir()
+    c = cluster(2, **{"storage-timeout": 2, "fallback-dir": str(local)})
+    c.start({0: "run:60", 1: "run:60"})
+    c.heartbeat_ready(1)
+    run = c.run_dir
+    blocking = [run / "progress.json", run / "summary.json"]
+    exit_tmp = run / "nodes" / f".h1.exit.tmp-{c.procs[1].pid}"  # write_bytes_atomic's temp
+    try:
+        for path in blocking:
+            plant_fifo(path)
+        os.mkfifo(exit_tmp)
+        c.kill_host(0)
+        lost = time.monotonic()
+        code = c.procs[1].wait(30)
+        took = time.monotonic() - lost
+    finally:
+        for path in blocking:
+            release_fifo(path, os.O_WRONLY)
+        release_fifo(exit_tmp, os.O_RDONLY)
+    print(f"\nstore and storage gone -> h1's agent exited in {took:.1f} s")
+    assert code == 1, c.output()
+    assert took < 2 * 2 + 8, c.output()  # two bounds; slack for a tick and a busy machine
+    rec = json.loads((local / "h1.exit").read_text())
+    assert (rec["outcome"], rec["failure"]["host"]) == ("failed", "h0"), rec
+    storage = f"the shared storage did not answer within 2 s ({run})"
+    assert rec["storage"] == storage
+    assert rec["cause"].startswith(f"{storage}; run t1 failed: host h0 rank 0: lost the conn")
+    assert "run t1 failed: host h0" in (local / "h1.log").read_text()
+    assert not (run / "nodes" / "h1.exit").exists()  # the shared copy never got through
