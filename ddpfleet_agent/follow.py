@@ -13,15 +13,43 @@ import json
 import shlex
 from pathlib import Path
 
+from ddpfleet_agent.records import cause_line
+
 MARK = "@@ddpfleet-file@@"
 ENDED = ("completed", "failed", "stopped")
 READER = (Path(__file__).resolve().parent / "reader.py").read_text()
 
 
+# A read of the run directory that takes longer has met a shared storage that is gone (a hard
+# NFS mount blocks): timeout(1) ends it with exit code 124.
+READ_TIMEOUT = 60
+
+
 def read_command(run_dir: str, uid: int, gid: int) -> str:
     """One read-only command: each record that exists, behind a marker line."""
     args = [run_dir, str(uid), str(gid), MARK]
-    return f"python3 -c {shlex.quote(READER)} " + " ".join(shlex.quote(a) for a in args)
+    return f"timeout -k 5 {READ_TIMEOUT} python3 -c {shlex.quote(READER)} " + " ".join(
+        shlex.quote(a) for a in args
+    )
+
+
+def fallback_lines(run_id: str, error: str, records: dict[str, dict | None]) -> list[str]:
+    """status.yml's report when the run directory cannot be read: each host's own exit record
+    (its agent writes it to the host-local fallback directory, storage or not)."""
+    lines = [f"run {run_id}: cannot read its run directory ({error}); each host's own record:"]
+    for host, rec in records.items():
+        if not rec:
+            lines.append(f"{host}: no exit record (its agent did not end, or the host is gone)")
+            continue
+        failure = rec.get("failure")
+        what = rec.get("cause") or (
+            cause_line(run_id, failure) if isinstance(failure, dict) else rec.get("outcome")
+        )
+        lines.append(
+            f"{host}: {rec.get('outcome')} (exit code {rec.get('exit_code')}, attempt "
+            f"{rec.get('attempt')}): {what}"
+        )
+    return lines
 
 
 def parse(out: str) -> dict[str, dict]:

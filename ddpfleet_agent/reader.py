@@ -91,9 +91,12 @@ def main(run_dir, uid, gid, mark):
     os.setgid(gid)
     os.setuid(uid)
     out = sys.stdout.buffer
-    top = opendir(run_dir)
-    if top is None:
-        return
+    try:
+        top = os.open(run_dir, NOFOLLOW | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return  # no such run
+    except OSError as exc:  # unreadable: an error, not an absent run
+        sys.exit(exc.strerror)  # the follow action says what could not be read
     for name in ("config.json", "summary.json", "progress.json"):
         emit(out, mark, name, top, name)
     nodes = opendir("nodes", top)

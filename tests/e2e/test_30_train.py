@@ -273,6 +273,36 @@ def test_status_reports_the_failure_nobody_followed(cluster: Any, killed: dict) 
     assert f"run {rid} failed: host {killed['victim'].name} rank 1" in status.stdout
 
 
+def test_status_shows_each_hosts_own_record_when_the_run_directory_cannot_be_read(
+    cluster: Any, killed: dict
+) -> None:
+    """Each agent also writes its exit record on its own host (/var/lib/ddpfleet/runs/<run_id>,
+    the storage owner's, 0750). With the run directory unreadable (mode 000 here; a read that
+    a dead NFS server blocks is ended after 60 s), status.yml shows those and fails."""
+    rid, victim = killed["rid"], killed["victim"]
+    run_dir = f"{SHARED}/runs/{rid}"
+    node1 = cluster.nodes[0]
+    mode = cluster.ssh(node1, f"stat -c %a {run_dir}").stdout.strip()
+    assert cluster.ssh(node1, f"chmod 000 {run_dir}").returncode == 0
+    try:
+        status = run_site(cluster, "-e", f"run_id={rid}", playbook="status.yml")
+    finally:
+        cluster.ssh(node1, f"chmod {mode} {run_dir}")
+    assert status.rc != 0
+    error = f"cannot read {run_dir}: Permission denied"
+    assert f"run {rid}: cannot read its run directory ({error}); each host's own" in status.stdout
+    for node in cluster.nodes:
+        if node == victim:  # its agent died with its container
+            assert f"{node.name}: no exit record" in status.stdout, status.tail()
+        else:
+            own = f"{node.name}: failed (exit code "
+            assert own in status.stdout, status.tail()
+            local = cluster.ssh(node, f"stat -c '%a %u' /var/lib/ddpfleet/runs/{rid}")
+            assert local.stdout.split() == ["750", "2000"], local.stdout
+    assert f"run {rid} failed: host {victim.name} rank 1" in status.stdout
+    assert status.changed_hosts() == {}
+
+
 # Every other run logs in as the sandbox's sudo user (ops), as real clusters do; the re-run of
 # the failed run logs in as root, the option kept for clusters that allow it: its lock, status
 # read and report.

@@ -3,6 +3,9 @@ option checks, peers and ulimits."""
 
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
 from plugin_loader import load_plugin
 
@@ -120,3 +123,24 @@ def test_train_env_values_are_hidden_and_its_names_kept():
         "NCCL_DEBUG": "(hidden)",
     }
     assert filters.hide_values({}) == {}
+
+
+def test_fallback_report_shows_each_host_s_own_exit_record():
+    """status.yml's lines when the run directory cannot be read: the slurp of each host's
+    fallback exit record, one missing (the killed host's agent wrote none)."""
+    cause = "the shared storage did not answer within 10 s (/mnt/r); run r failed: x"
+    rec = {"outcome": "failed", "exit_code": 1, "attempt": "a1", "cause": cause}
+    content = base64.b64encode(json.dumps(rec).encode()).decode()
+    results = [
+        {"item": "node1", "content": content},
+        {"item": "node2", "failed": True, "msg": "file not found"},
+        {"item": "node3", "content": base64.b64encode(b"[1]").decode()},  # not a record
+    ]
+    assert filters.fallback_report(results, "r", "cannot open /mnt/r: Permission denied") == [
+        "run r: cannot read its run directory (cannot open /mnt/r: Permission denied); "
+        "each host's own record:",
+        "node1: failed (exit code 1, attempt a1): the shared storage did not answer within 10 s "
+        "(/mnt/r); run r failed: x",
+        "node2: no exit record (its agent did not end, or the host is gone)",
+        "node3: no exit record (its agent did not end, or the host is gone)",
+    ]

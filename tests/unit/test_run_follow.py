@@ -140,10 +140,21 @@ def test_the_read_names_the_run_s_checkpoints_for_train_resume_never(open_dir: P
     ]
 
 
-def test_read_command_of_a_missing_run_dir_prints_nothing(tmp_path: Path):
-    cmd = view.read_command(str(tmp_path / "absent"), NOBODY, NOBODY)
+def test_read_command_of_a_missing_run_dir_prints_nothing(open_dir: Path):
+    cmd = view.read_command(str(open_dir / "absent"), NOBODY, NOBODY)
     proc = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, check=False)
     assert (proc.returncode, proc.stdout) == (0, "")
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="drops root's privileges, as on a node (CI is root)")
+def test_a_run_dir_the_owner_cannot_open_is_an_error_not_an_absent_run(open_dir: Path):
+    """status.yml then reads each host's own record (an absent run would say "not found")."""
+    run_dir = open_dir / "run"
+    run_dir.mkdir(mode=0o700)  # root's: nobody cannot open it
+    cmd = view.read_command(str(run_dir), NOBODY, NOBODY)
+    proc = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, check=False)
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr.strip() == "Permission denied"
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="drops root's privileges, as on a node (CI is root)")
@@ -394,6 +405,14 @@ def test_follow_fails_when_the_run_dir_cannot_be_read_for_too_long():
     result, _, _ = run_action([files(prog=progress()), 255], attempt="a2", stale_after=30)
     assert result["failed"] is True
     assert result["msg"] == "cannot read /runs/r: ssh: connection refused"
+
+
+def test_a_read_that_timeout_ended_says_the_storage_may_be_gone():
+    result, _, _ = run_action([124], once=True)
+    assert result["failed"] is True
+    assert result["msg"] == (
+        f"cannot read /runs/r: no answer within {view.READ_TIMEOUT} s: is the shared storage gone?"
+    )
 
 
 def test_once_reads_one_time_and_takes_the_attempt_from_config_json():

@@ -23,7 +23,14 @@ from ansible.utils.display import Display
 # The run's records and lines are read by ddpfleet_agent.follow (this checkout's copy, first on
 # the path: a controller venv may hold another "trainer").
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from ddpfleet_agent.follow import parse, read_command, run_status, snapshot, status_lines
+from ddpfleet_agent.follow import (
+    READ_TIMEOUT,
+    parse,
+    read_command,
+    run_status,
+    snapshot,
+    status_lines,
+)
 
 display = Display()
 SPEC = {
@@ -53,8 +60,11 @@ class ActionModule(ActionBase):
             res = self._low_level_execute_command(cmd, sudoable=True)
         except AnsibleConnectionFailure as exc:
             return None, str(exc)
-        if res.get("rc") != 0:
-            return None, (res.get("stderr") or f"exit code {res.get('rc')}").strip()
+        if res.get("rc") in (124, 137):
+            return None, f"no answer within {READ_TIMEOUT} s: is the shared storage gone?"
+        if res.get("rc") != 0:  # the reader's one line (in stdout where become gives a tty)
+            said = (res.get("stderr") or res.get("stdout") or "").strip().splitlines()
+            return None, said[-1] if said else f"exit code {res.get('rc')}"
         return parse(res.get("stdout", "")), ""
 
     def run(self, tmp: object = None, task_vars: dict | None = None) -> dict:

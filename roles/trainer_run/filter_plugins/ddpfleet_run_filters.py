@@ -1,13 +1,17 @@
 """Filters of the trainer_run role: the trainer's options and command line (trainer.config,
-from the one declaration in trainer/options.py), peers, fabric and ulimits. The option checks
-are the ddpfleet_run_validate action's."""
+from the one declaration in trainer/options.py), peers, fabric, ulimits, and status.yml's
+report from the hosts' own records. The option checks are the ddpfleet_run_validate action's."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # this checkout's trainer package
+from ddpfleet_agent.follow import fallback_lines
 from trainer.config import command_args, command_options
 from trainer.options import as_bool
 
@@ -71,6 +75,19 @@ def ulimits(wanted: dict, granted: dict) -> list[str]:
     return out
 
 
+def fallback_report(results: list, run_id: str, error: str) -> list[str]:
+    """status.yml's lines from each host's own exit record (a slurp per host, looped over the
+    hosts) when the run directory cannot be read."""
+    records: dict[str, dict | None] = {}
+    for res in results:
+        try:
+            rec = json.loads(base64.b64decode(res.get("content") or ""))
+        except (ValueError, binascii.Error):
+            rec = None
+        records[str(res.get("item"))] = rec if isinstance(rec, dict) else None
+    return fallback_lines(run_id, error, records)
+
+
 class FilterModule:
     """ddpfleet trainer_run filters."""
 
@@ -82,4 +99,5 @@ class FilterModule:
             "ddpfleet_ulimits": ulimits,
             "ddpfleet_fabric": fabric,
             "ddpfleet_hide_values": hide_values,
+            "ddpfleet_fallback_report": fallback_report,
         }
