@@ -122,8 +122,12 @@ def test_forged_values_from_a_client_without_the_run_s_key_are_ignored(cluster):
 
 def test_an_error_of_the_agent_itself_fails_the_run_naming_its_host(cluster):
     """A defect in the agent (any exception out of its loop) ends the run as a failure naming
-    that host, with the traceback in its log, and its ranks gone, as any failed host's."""
+    that host, with the traceback in its log and in its host-local fallback's, and its ranks
+    gone, as any failed host's."""
     c = cluster(2)
+    local = c.tmp / "local"
+    local.mkdir()
+    c.options["fallback-dir"] = str(local)
     c.start({0: "run:60", 1: "run:60"}, defects={1: "_check"})
     codes = c.wait()
     assert codes[1] == 1, (codes, c.output())
@@ -137,6 +141,8 @@ def test_an_error_of_the_agent_itself_fails_the_run_naming_its_host(cluster):
     log = (c.run_dir / "nodes" / "h1.log").read_text()
     assert "Traceback (most recent call last)" in log
     assert "_crashed" not in log  # the handler's own frames are not part of the defect
+    assert "Traceback (most recent call last)" in (local / "h1.log").read_text()
+    assert json.loads((local / "h1.exit").read_text())["failure"]["host"] == "h1"
     deadline = time.monotonic() + 5
     while (left := processes_under(c.tmp)) and time.monotonic() < deadline:
         time.sleep(0.2)
