@@ -12,8 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-from tests.unit.plugin_loader import ROOT, load_plugin
+from plugin_loader import ROOT, load_plugin
 
 layers = load_plugin("ddpfleet_image_layers", "images/trainer/layers.py")
 
