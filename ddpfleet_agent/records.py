@@ -47,6 +47,8 @@ class Records:
         self.run_dir = Path(run_dir)
         self.host = host
         self.fallback = Path(fallback_dir) if fallback_dir else None
+        # an earlier attempt's exit record would read as this one's until this one ends
+        self._local(lambda d: (d / f"{host}.exit").unlink(missing_ok=True))
         self.nodes = self.run_dir / "nodes"
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._work, daemon=True)

@@ -95,6 +95,7 @@ def test_storage_and_store_host_gone_the_other_agent_ends_within_the_bound_and_s
     naming the storage (issue 27 item 3)."""
     local = tmp_path / "local"
     local.mkdir()
+    (local / "h0.exit").write_text('{"attempt": "a0", "outcome": "completed"}')  # an earlier one
     c = cluster(2, **{"storage-timeout": 2, "fallback-dir": str(local)})
     c.start({0: "run:60", 1: "run:60"})
     c.heartbeat_ready(1)
@@ -123,3 +124,4 @@ def test_storage_and_store_host_gone_the_other_agent_ends_within_the_bound_and_s
     assert rec["cause"].startswith(f"{storage}; run t1 failed: host h0 rank 0: lost the conn")
     assert "run t1 failed: host h0" in (local / "h1.log").read_text()
     assert not (run / "nodes" / "h1.exit").exists()  # the shared copy never got through
+    assert not (local / "h0.exit").exists()  # h0's agent removed it as it started, then died
