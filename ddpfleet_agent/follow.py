@@ -9,6 +9,9 @@ following, and ``run_status``/``status_lines`` are status.yml's report. The Ansi
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
 import json
 import shlex
 from pathlib import Path
@@ -33,12 +36,25 @@ def read_command(run_dir: str, uid: int, gid: int) -> str:
     )
 
 
-def fallback_lines(run_id: str, error: str, records: dict[str, dict | None]) -> list[str]:
+def read_error(res: dict) -> str:
+    """Why a read_command failed, from its result (rc, stdout, stderr): the reader's one line
+    (in stdout where become gives a tty), or timeout(1)'s end of a read that did not answer."""
+    if res.get("rc") in (124, 137):
+        return f"no answer within {READ_TIMEOUT} s: is the shared storage gone?"
+    said = (res.get("stderr") or res.get("stdout") or "").strip().splitlines()
+    return said[-1] if said else f"exit code {res.get('rc')}"
+
+
+def fallback_report(slurped: list[dict], run_id: str, error: str) -> list[str]:
     """status.yml's report when the run directory cannot be read: each host's own exit record
-    (its agent writes it to the host-local fallback directory, storage or not)."""
+    (its agent writes it to the host-local fallback directory, storage or not), from a slurp
+    looped over the hosts (the filter ddpfleet_fallback_report)."""
     lines = [f"run {run_id}: cannot read its run directory ({error}); each host's own record:"]
-    for host, rec in records.items():
-        if not rec:
+    for res in slurped:
+        host, rec = res.get("item"), None
+        with contextlib.suppress(ValueError, binascii.Error):
+            rec = json.loads(base64.b64decode(res.get("content") or ""))
+        if not isinstance(rec, dict) or not rec:
             lines.append(f"{host}: no exit record (its agent did not end, or the host is gone)")
             continue
         failure = rec.get("failure")

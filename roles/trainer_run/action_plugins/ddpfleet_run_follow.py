@@ -23,14 +23,7 @@ from ansible.utils.display import Display
 # The run's records and lines are read by ddpfleet_agent.follow (this checkout's copy, first on
 # the path: a controller venv may hold another "trainer").
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from ddpfleet_agent.follow import (
-    READ_TIMEOUT,
-    parse,
-    read_command,
-    run_status,
-    snapshot,
-    status_lines,
-)
+from ddpfleet_agent import follow as view
 
 display = Display()
 SPEC = {
@@ -55,17 +48,14 @@ class ActionModule(ActionBase):
     _supports_check_mode = True
 
     def _read(self, a: dict) -> tuple[dict | None, str]:
-        cmd = read_command(a["run_dir"], a["owner_uid"], a["owner_gid"])
+        cmd = view.read_command(a["run_dir"], a["owner_uid"], a["owner_gid"])
         try:
             res = self._low_level_execute_command(cmd, sudoable=True)
         except AnsibleConnectionFailure as exc:
             return None, str(exc)
-        if res.get("rc") in (124, 137):
-            return None, f"no answer within {READ_TIMEOUT} s: is the shared storage gone?"
-        if res.get("rc") != 0:  # the reader's one line (in stdout where become gives a tty)
-            said = (res.get("stderr") or res.get("stdout") or "").strip().splitlines()
-            return None, said[-1] if said else f"exit code {res.get('rc')}"
-        return parse(res.get("stdout", "")), ""
+        if res.get("rc") != 0:
+            return None, view.read_error(res)
+        return view.parse(res.get("stdout", "")), ""
 
     def run(self, tmp: object = None, task_vars: dict | None = None) -> dict:
         result = super().run(tmp, task_vars)
@@ -79,10 +69,11 @@ class ActionModule(ActionBase):
             if files is None and a["once"]:
                 break
             if files is not None:
-                snap = snapshot(files, run_id, hosts, a["attempt"])
+                snap = view.snapshot(files, run_id, hosts, a["attempt"])
                 if a["once"]:
-                    status = run_status(snap, a["containers"])
-                    result["status_lines"] = status_lines(run_id, status, snap, a["containers"])
+                    on = a["containers"]
+                    status = view.run_status(snap, on)
+                    result["status_lines"] = view.status_lines(run_id, status, snap, on)
                     return self._done(result, snap, status, [snap["line"]] * bool(snap["line"]))
                 p = snap["progress"]
                 # a program without heartbeats has no steps: say it runs once a minute

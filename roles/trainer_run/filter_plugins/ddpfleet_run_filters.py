@@ -4,14 +4,11 @@ report from the hosts' own records. The option checks are the ddpfleet_run_valid
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # this checkout's trainer package
-from ddpfleet_agent.follow import fallback_lines
+from ddpfleet_agent.follow import fallback_report
 from trainer.config import command_args, command_options
 from trainer.options import as_bool
 
@@ -73,19 +70,6 @@ def ulimits(wanted: dict, granted: dict) -> list[str]:
         value = want if cap == -1 else cap if want == -1 else min(want, cap)
         out.append(f"{name}:{value}:{value}")
     return out
-
-
-def fallback_report(results: list, run_id: str, error: str) -> list[str]:
-    """status.yml's lines from each host's own exit record (a slurp per host, looped over the
-    hosts) when the run directory cannot be read."""
-    records: dict[str, dict | None] = {}
-    for res in results:
-        try:
-            rec = json.loads(base64.b64decode(res.get("content") or ""))
-        except (ValueError, binascii.Error):
-            rec = None
-        records[str(res.get("item"))] = rec if isinstance(rec, dict) else None
-    return fallback_lines(run_id, error, records)
 
 
 class FilterModule:
