@@ -77,7 +77,11 @@ class Ending:
             f"the shared storage did not answer within {cfg.storage_timeout:g} s ({cfg.run_dir})"
         )
         print(f"ddpfleet agent: {cfg.host}: {storage}", flush=True)
-        what = cause_line(cfg.run_id, self.failure) if self.failure else exit_rec["outcome"]
+        what = (
+            cause_line(cfg.run_id, self.failure)
+            if self.failure
+            else f"run {cfg.run_id} {exit_rec['outcome']}"
+        )
         self.records.write_local_exit({**exit_rec, "storage": storage,
                                        "cause": f"{storage}; {what}"})  # fmt: skip
 
