@@ -21,7 +21,7 @@ import signal
 import time
 from typing import TypedDict
 
-from ddpfleet_agent.ranks import FROZEN_AFTER
+from ddpfleet_agent.ranks import FROZEN_AFTER, exit_signal
 
 # A rank's heartbeat thread beats every second (DDPFLEET_HEARTBEAT_INTERVAL); one this recent
 # is running.
@@ -133,14 +133,6 @@ def hang_cause(
     return failure(hosts, node, r["rank"], None, reason, judge=judge)
 
 
-def died_of_cause_signal(code: int | None) -> bool:
-    """Whether an exit code (negative: the signal, >128: a shell's 128+signal) is a death by
-    one of CAUSE_SIGNALS."""
-    if code is None or not (code < 0 or code > 128):
-        return False
-    return (-code if code < 0 else code - 128) in CAUSE_SIGNALS
-
-
 def first_cause(exits: list[Failure]) -> Failure:
     """The exit that ended the run, of the failed exits the hosts' agents saw within the
     settle time: a rank killed or crashed (CAUSE_SIGNALS) before one that exited with an error,
@@ -150,7 +142,7 @@ def first_cause(exits: list[Failure]) -> Failure:
     return min(
         exits,
         key=lambda f: (
-            0 if died_of_cause_signal(f.get("exit_code")) else 1,
+            0 if exit_signal(f.get("exit_code")) in CAUSE_SIGNALS else 1,
             f.get("time") or math.inf,
         ),
     )

@@ -31,10 +31,18 @@ def parse_root_cause(text: str) -> tuple[int, int] | None:
     return int(found[-1].group(1)), int(found[-1].group(3))
 
 
+def exit_signal(code: int | None) -> int | None:
+    """The signal an exit code says the process died of (negative: Popen's -signal; over 128:
+    a shell's 128+signal), or None."""
+    if code is None or not (code < 0 or code > 128):
+        return None
+    return -code if code < 0 else code - 128
+
+
 def describe_exit(code: int) -> str:
     """One phrase for a process exit code (negative: killed by that signal)."""
-    if code < 0 or code > 128:
-        num = -code if code < 0 else code - 128
+    num = exit_signal(code)
+    if num is not None:
         with contextlib.suppress(ValueError):
             return f"killed by {signal.Signals(num).name} (exit code {code})"
     return f"exited with code {code}"
