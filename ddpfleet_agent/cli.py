@@ -7,6 +7,8 @@ import dataclasses
 import math
 import re
 
+from ddpfleet_agent.files import STORAGE_READ_TIMEOUT
+
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 
 
@@ -32,7 +34,7 @@ class AgentConfig:
     attempt: str = ""
     log_tail_lines: int = 20
     fallback_dir: str = ""  # host-local: this host's log and exit record, storage or not
-    storage_timeout: float = 10.0  # the longest wait on one read or write of the run directory
+    storage_timeout: float = STORAGE_READ_TIMEOUT  # the longest wait on one run-directory I/O
     program: str = ""  # a user's program: node rank 0 writes summary.json for it at the end
     world_size: int = 0
     straggler_ratio: float = 0.9
@@ -74,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--storage-timeout",
         type=float,
-        default=10.0,
+        default=STORAGE_READ_TIMEOUT,
         help="seconds one read or write of the run directory may take before the agent counts "
         "the shared storage as gone",
     )

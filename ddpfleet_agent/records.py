@@ -43,7 +43,13 @@ def cause_line(run_id: str, failure: dict) -> str:
 class Records:
     """nodes/<host>.log|.exit, summary.json and progress.json of one run directory."""
 
-    def __init__(self, run_dir: str, host: str, fallback_dir: str = ""):
+    def __init__(
+        self,
+        run_dir: str,
+        host: str,
+        fallback_dir: str = "",
+        read_timeout: float = STORAGE_READ_TIMEOUT,
+    ):
         self.run_dir = Path(run_dir)
         self.host = host
         self.fallback = Path(fallback_dir) if fallback_dir else None
@@ -55,7 +61,7 @@ class Records:
         self._thread.start()
         self._log = None
         self.pending_progress = False
-        self.read_timeout = STORAGE_READ_TIMEOUT
+        self.read_timeout = read_timeout
         self.storage_silent = False  # a read timed out: no more reads of the shared storage
 
     def _work(self) -> None:

@@ -28,8 +28,7 @@ class Agent(Ending):
     def __init__(self, cfg: AgentConfig, child_env: dict[str, str] | None = None):
         self.cfg = cfg
         self.child_env = dict(os.environ) if child_env is None else child_env
-        self.records = Records(cfg.run_dir, cfg.host, cfg.fallback_dir)
-        self.records.read_timeout = cfg.storage_timeout
+        self.records = Records(cfg.run_dir, cfg.host, cfg.fallback_dir, cfg.storage_timeout)
         hb_dir = Path(tempfile.mkdtemp(prefix="ddpfleet-heartbeat-"))
         self.ranks = LocalRanks(cfg.command, hb_dir, self.records.log)
         self.peers = Peers(cfg, self.say)

@@ -30,8 +30,7 @@ def blocked(tmp_path: Path) -> Iterator[Path]:
 def test_a_read_of_storage_that_does_not_answer_gives_up_within_its_bound(
     blocked: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    records = Records(str(blocked), "h1")
-    records.read_timeout = 0.5
+    records = Records(str(blocked), "h1", read_timeout=0.5)
     started = time.monotonic()
     assert records.progress() == {}
     assert records.summary() == {}  # the storage is known silent: no second wait
@@ -61,10 +60,9 @@ def test_a_host_that_lost_the_store_and_the_storage_ends_without_waiting_on_it(
     monkeypatch.setattr(ending, "PROGRESS_EVERY", 0.05)
     args = ["--run-dir", str(blocked), "--run-id", "t1", "--hosts", "h0,h1", "--host", "h1",
             "--node-rank", "1", "--store", "127.0.0.1:1", "--attempt", "a1", "--key-file", "k",
-            "--", "true"]  # fmt: skip
+            "--storage-timeout", "0.5", "--", "true"]  # fmt: skip
     agent = Agent(parse_args(args))
     agent.cfg.settle = 0.05
-    agent.records.read_timeout = 0.5
     agent.store_ok = False
     agent.failure = {"host": "h0", "rank": 0, "reason": "host h0 silent"}
     started = time.monotonic()
