@@ -16,6 +16,12 @@ from ddpfleet_agent.cli import parse_args
 from ddpfleet_agent.records import Records
 
 
+def release_fifo(path: Path, mode: int) -> None:
+    """Open the other end of a FIFO without waiting: whoever waits on it goes on."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(path, mode | os.O_NONBLOCK))
+
+
 @pytest.fixture
 def blocked(tmp_path: Path) -> Iterator[Path]:
     """progress.json and summary.json as FIFOs: opening either for reading blocks."""
@@ -23,8 +29,7 @@ def blocked(tmp_path: Path) -> Iterator[Path]:
         os.mkfifo(tmp_path / name)
     yield tmp_path
     for name in ("progress.json", "summary.json"):  # let the readers left waiting go
-        with contextlib.suppress(OSError):
-            os.close(os.open(tmp_path / name, os.O_WRONLY | os.O_NONBLOCK))
+        release_fifo(tmp_path / name, os.O_WRONLY)
 
 
 def test_a_read_of_storage_that_does_not_answer_gives_up_within_its_bound(
@@ -77,11 +82,6 @@ def plant_fifo(path: Path) -> None:
     fifo = path.with_name(f".fifo-{path.name}")
     os.mkfifo(fifo)
     os.replace(fifo, path)
-
-
-def release_fifo(path: Path, mode: int) -> None:
-    with contextlib.suppress(OSError):
-        os.close(os.open(path, mode | os.O_NONBLOCK))
 
 
 def test_storage_and_store_host_gone_the_other_agent_ends_within_the_bound_and_says_so_locally(
