@@ -9,9 +9,15 @@ from ddpfleet_agent.cli import BadAgentInput, parse_args
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the agent; returns its exit code (0 completed, 143 stopped, else failed)."""
+    """Run the agent; returns its exit code (0 completed, 143 stopped, else failed). ``dump``
+    and ``index`` first: a forensics bundle of a live run instead (ddpfleet_agent.dump)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["dump"], ["index"]):
+        from ddpfleet_agent import dump  # noqa: PLC0415 - the agent's own path imports torch
+
+        return dump.main(argv)
     try:
-        cfg = parse_args(sys.argv[1:] if argv is None else argv)
+        cfg = parse_args(argv)
     except BadAgentInput as exc:
         sys.stderr.write(f"ddpfleet_agent: error: {exc}\n")
         return 2

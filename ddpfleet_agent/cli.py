@@ -35,6 +35,7 @@ class AgentConfig:
     log_tail_lines: int = 20
     fallback_dir: str = ""  # host-local: this host's log and exit record, storage or not
     storage_timeout: float = STORAGE_READ_TIMEOUT  # the longest wait on one run-directory I/O
+    dump_timeout: float = 5.0  # forensics: seconds to dump the ranks before a kill (0: none)
     program: str = ""  # a user's program: node rank 0 writes summary.json for it at the end
     world_size: int = 0
     straggler_ratio: float = 0.9
@@ -79,6 +80,13 @@ def _parser() -> argparse.ArgumentParser:
         default=STORAGE_READ_TIMEOUT,
         help="seconds one read or write of the run directory may take before the agent counts "
         "the shared storage as gone",
+    )
+    p.add_argument(
+        "--dump-timeout",
+        type=float,
+        default=5.0,
+        help="seconds to dump the ranks' stacks into forensics/<attempt>/ before a failed "
+        "run's ranks are killed (0: no dump)",
     )
     p.add_argument("--attempt", default="")
     p.add_argument("--log-tail-lines", type=int, default=20)
@@ -128,6 +136,8 @@ def parse_args(argv: list[str]) -> AgentConfig:
     addr, _, port = ns.store.rpartition(":")
     if not addr or not port.isdigit() or not 0 < int(port) < 65536:
         raise BadAgentInput(f"--store must be ADDR:PORT, not {ns.store!r}")
+    if not (math.isfinite(ns.dump_timeout) and 0 <= ns.dump_timeout <= 60):
+        raise BadAgentInput("--dump-timeout must be from 0 to 60")
     if not 0 <= ns.straggler_ratio <= 1:
         raise BadAgentInput("--straggler-ratio must be from 0 to 1")
     for name in (
@@ -153,6 +163,7 @@ def parse_args(argv: list[str]) -> AgentConfig:
         attempt=ns.attempt,
         log_tail_lines=max(ns.log_tail_lines, 0),
         fallback_dir=ns.fallback_dir,
+        dump_timeout=ns.dump_timeout,
         storage_timeout=ns.storage_timeout,
         program=ns.program,
         world_size=max(ns.world_size, 0),

@@ -33,6 +33,7 @@ class Ending:
     ranks: LocalRanks
     peers: Peers
     failure: Failure | None
+    diagnosis: str | None
     store_ok: bool
     escalated: bool
     # and, from supervise.Agent: say(), _record() and _progress_record()
@@ -101,7 +102,7 @@ class Ending:
         if outcome == "failed" and self.failure:
             if cfg.is_server:
                 self.records.write_failure(
-                    cfg.run_id, cfg.attempt, self.failure, cfg.log_tail_lines
+                    cfg.run_id, cfg.attempt, self.failure, cfg.log_tail_lines, self.diagnosis
                 )
             elif not self.store_ok:
                 # The store's host is gone or this host is cut off: write the cause only if

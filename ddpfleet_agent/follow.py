@@ -162,4 +162,5 @@ def status_lines(run_id: str, status: str, snap: dict, containers: dict) -> list
             f"summary: status {s.get('status', '?')}, steps {s.get('steps', '?')}, "
             f"world size {s.get('world_size', '?')}, img/s {s.get('images_per_sec', '?')}"
         )
-    return lines + ([f"cause: {s['cause']}"] if s.get("cause") else [])
+    lines += [f"cause: {s['cause']}"] if s.get("cause") else []
+    return lines + ([f"where the ranks were: {s['diagnosis']}"] if s.get("diagnosis") else [])

@@ -2,8 +2,9 @@
 
 Keys: ``alive/<n>`` keepalive count, ``ranks/<n>`` the host's rank views (with the failed
 exit it saw, ``cause``, once its command failed), ``failure`` the first failure claimed
-(compare-and-set), ``stop`` a requested stop, ``exit/<n>`` how a host's command ended. Ages are
-measured by each host on its own clock, so clocks need not agree.
+(compare-and-set), ``stop`` a requested stop, ``exit/<n>`` how a host's command ended,
+``dumped/<n>`` the host's forensics record of a failed run (bundle.py). Ages are measured by
+each host on its own clock, so clocks need not agree.
 
 The store takes any client on the cluster network, so every value is sealed: the JSON value
 with an HMAC-SHA256 over the key's name and the value, under the run's secret (``--key-file``,
@@ -191,6 +192,16 @@ class Peers:
         assert self.store is not None
         stop = seal(self.key, "stop", {"by": by, "time": time.time()})
         self._guarded(lambda: self._call(self.store.compare_set, "stop", "", stop))
+
+    def publish_dump(self, record: dict) -> None:
+        """This host's forensics record (bundle.py): its ranks' locations, no stacks."""
+        key = f"dumped/{self.cfg.node_rank}"
+        self._guarded(lambda: self._set(key, record))
+
+    def dumps(self) -> dict[int, dict]:
+        """node -> the forensics record its agent published, for those that did."""
+        got = self._guarded(lambda: {n: self._get(f"dumped/{n}") for n in range(self.n)})
+        return {n: v for n, v in got.items() if v is not None}  # type: ignore[union-attr]
 
     def report_exit(self, record: dict) -> None:
         assert self.store is not None

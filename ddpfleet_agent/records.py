@@ -169,8 +169,16 @@ class Records:
 
         self.submit(job)
 
-    def write_failure(self, run_id: str, attempt: str, failure: dict, tail_count: int) -> None:
-        """Mark summary.json failed with the root cause (keeping what the trainer wrote)."""
+    def write_failure(
+        self,
+        run_id: str,
+        attempt: str,
+        failure: dict,
+        tail_count: int,
+        diagnosis: str | None = None,
+    ) -> None:
+        """Mark summary.json failed with the root cause (keeping what the trainer wrote) and,
+        where the ranks were dumped, the diagnosis (where each was: forensics/<attempt>/)."""
 
         def job() -> None:
             path = self.run_dir / "summary.json"
@@ -191,6 +199,9 @@ class Records:
                 cause=cause_line(run_id, failure),
                 attempt=attempt,
             )
+            summary.pop("diagnosis", None)  # an earlier attempt's
+            if diagnosis:
+                summary["diagnosis"] = diagnosis
             write_json_atomic(path, summary)
 
         self.submit(job)

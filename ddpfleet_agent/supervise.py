@@ -11,7 +11,7 @@ import traceback
 from pathlib import Path
 from types import FrameType
 
-from ddpfleet_agent import failures
+from ddpfleet_agent import bundle, failures
 from ddpfleet_agent.cli import AgentConfig
 from ddpfleet_agent.ending import EXIT_STOPPED, PROGRESS_EVERY, Ending
 from ddpfleet_agent.failures import Failure
@@ -36,6 +36,7 @@ class Agent(Ending):
         self.stopping_since = 0.0
         self.escalated = False
         self.failure: dict | None = None
+        self.diagnosis: str | None = None  # where the ranks were (bundle.py), node rank 0's
         self.store_ok = True
         self.last_progress = 0.0
         self.first_train: tuple[float, int] | None = None
@@ -126,17 +127,17 @@ class Agent(Ending):
                 self.store_ok = False
                 if code == 0:
                     return "completed", 0
-                self.ranks.kill_all()
                 self.failure = self._failure(
                     0,
                     None,
                     None,
                     f"lost the connection to the run's store on {cfg.hosts[0]} ({exc})",
                 )
+                self._end_ranks(self.failure)
                 return "failed", 1
             if failure is not None:
                 self.failure = failure
-                self.ranks.kill_all()
+                self._end_ranks(failure)
                 return ("completed", 0) if code == 0 else ("failed", code if code else 1)
             if (self.signum or stop) and not self.stopping_since:
                 self._begin_stop(stop)
@@ -146,7 +147,7 @@ class Agent(Ending):
             problem = self._check(now)
             if problem is not None:
                 self.failure = self._claim(problem)
-                self.ranks.kill_all()
+                self._end_ranks(self.failure)
                 return "failed", self.ranks.poll() or 1
             if (
                 self.stopping_since
@@ -157,6 +158,12 @@ class Agent(Ending):
                 self.escalated = True
                 self.ranks.kill_all()
             time.sleep(cfg.tick)
+
+    def _end_ranks(self, failure: dict) -> None:
+        """Kill the ranks of a failed run, after the forensics bundle of those still running."""
+        if self.ranks.poll() is None:
+            self.diagnosis = bundle.take(self, failure)
+        self.ranks.kill_all()
 
     def _begin_stop(self, stop: dict | None) -> None:
         self.stopping_since = time.time()

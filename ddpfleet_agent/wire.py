@@ -54,6 +54,7 @@ SHAPES: dict[str, Callable[[dict], bool]] = {
         and (v.get("rank") is None or type(v.get("rank")) is int)
     ),
     "stop": lambda v: isinstance(v.get("by"), str),
+    "dumped": lambda v: isinstance(v.get("host"), str) and isinstance(v.get("ranks"), list),
 }
 
 

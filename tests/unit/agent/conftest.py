@@ -18,12 +18,14 @@ from ddpfleet_agent.ranks import descendants
 
 ROOT = Path(__file__).resolve().parents[3]
 
-# A stand-in for torchrun: starts one "rank" child per --rank given, waits, and exits with
-# the first non-zero code (0 when all ranks exit 0), like torchrun without restarts.
+# A stand-in for torchrun: starts one "rank" child per --rank given (its RANK set, as torchrun
+# does: the forensics find ranks by it), waits, and exits with the first non-zero code (0 when
+# all ranks exit 0), like torchrun without restarts.
 LAUNCHER = r"""
 import os, subprocess, sys, time
 ranks = [a for a in sys.argv[1:]]
-procs = [subprocess.Popen([sys.executable, os.environ["FAKE_RANK"], r]) for r in ranks]
+procs = [subprocess.Popen([sys.executable, os.environ["FAKE_RANK"], r],
+                         env={**os.environ, "RANK": r}) for r in ranks]
 while True:
     codes = [p.poll() for p in procs]
     bad = [c for c in codes if c not in (None, 0)]

@@ -222,6 +222,14 @@ def test_frozen_rank_is_named_not_its_peers(cluster):
     failure = c.json("summary.json")["failure"]
     assert (failure["host"], failure["rank"]) == ("h1", 1), failure
     assert "frozen" in failure["reason"]
+    # the forensics bundle, taken before the kill: both ranks' stacks, the stopped one named
+    bundle = c.run_dir / "forensics" / "a1"
+    assert sorted(f.name for f in bundle.iterdir()) == [
+        "index.json", "rank-0.json", "rank-0.txt", "rank-1.json", "rank-1.txt"]  # fmt: skip
+    index = c.json("forensics/a1/index.json")
+    assert "rank 1 (h1) is stopped (process state T) in " in index["diagnosis"], index
+    assert c.json("summary.json")["diagnosis"] == index["diagnosis"]
+    assert "process state T" in (bundle / "rank-1.txt").read_text()
 
 
 def test_a_rank_that_finished_may_take_longer_than_the_heartbeat_timeout_to_exit(cluster):
@@ -254,6 +262,10 @@ def test_hang_names_the_rank_whose_step_stopped_first(cluster):
     assert (failure["host"], failure["rank"]) == ("h0", 0), failure
     assert "hung" in failure["reason"]
     assert "step 3" in failure["reason"]
+    index = c.json("forensics/a1/index.json")
+    assert [(r["rank"], r["host"], r["state"]) for r in index["ranks"]] == [
+        (0, "h0", "S"), (1, "h1", "S")]  # fmt: skip
+    assert index["missing"] == {}
 
 
 def test_sigterm_to_one_agent_stops_every_host(cluster):

@@ -1,0 +1,251 @@
+"""Forensics: where each of this host's ranks was, and the host's state, within a time bound.
+
+``collect`` dumps every rank's stacks with py-spy (from PyPI, in the image; its native frames
+too where the process runs, Python frames only of a stopped one, which py-spy cannot pause),
+each rank on its own thread with ``timeout`` s: a rank that cannot be dumped in time is
+recorded as such. With them: the host's load and memory, the run container's CPU throttling and
+memory (its cgroup), each rank's open file descriptors, whether the shared storage answers a
+stat within the bound, and ``nvidia-smi -q`` where there is one.
+
+The bundle, in ``runs/<run_id>/forensics/<attempt>/`` (``live-<time>/`` for a dump of a live
+run): ``rank-<N>.txt`` (plain text stacks), ``rank-<N>.json`` (the same for a program) and
+``index.json`` (every rank's location, each host's state and the diagnosis, ``stacks.py``).
+
+``python -m ddpfleet_agent dump`` takes the bundle of a live run (-e dump=true; dump.py).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ddpfleet_agent.files import write_json_atomic
+from ddpfleet_agent.stacks import diagnose, where
+
+DUMP_TIMEOUT = 5.0  # seconds one rank's dump may take; the teardown waits no longer
+NATIVE_NAME = 100  # a native frame's (C++) name is cut to this many characters in the text
+
+
+def py_spy() -> str | None:
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def _proc(pid: int, name: str) -> bytes:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/{name}").read_bytes()
+    return b""
+
+
+def proc_state(pid: int) -> str:
+    """The process state letter (R, S, D, T, Z, ...), "" when it is gone."""
+    stat = _proc(pid, "stat").decode(errors="replace")
+    return stat.rsplit(")", 1)[1].split()[0] if ")" in stat else ""
+
+
+def rank_of(pid: int) -> int | None:
+    """The global rank torchrun gave the process (its RANK), None for another process."""
+    for item in _proc(pid, "environ").split(b"\0"):
+        if item.startswith(b"RANK=") and item[5:].isdigit():
+            return int(item[5:])
+    return None
+
+
+def rank_pids() -> list[int]:
+    """The rank processes visible here (the run container's): those with a RANK."""
+    mine = os.getpid()
+    return [int(p) for p in os.listdir("/proc")
+            if p.isdigit() and int(p) != mine and rank_of(int(p)) is not None]  # fmt: skip
+
+
+def _fds(pid: int) -> int | None:
+    with contextlib.suppress(OSError):
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    return None
+
+
+def stacks(pid: int, timeout: float) -> tuple[list[dict] | None, str | None]:
+    """(py-spy's threads, None) or (None, why not) within timeout s."""
+    exe = py_spy()
+    if exe is None:
+        return None, "py-spy is not installed where the rank runs"
+    mode = ["--nonblocking"] if proc_state(pid) == "T" else ["--native"]
+    try:
+        args = [exe, "dump", "--pid", str(pid), "--json", *mode]
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return None, f"py-spy did not finish within {timeout:g} s"
+    if proc.returncode == 0:
+        with contextlib.suppress(ValueError):
+            return json.loads(proc.stdout), None
+    lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
+    return None, (lines[0] if lines else f"py-spy exited with {proc.returncode}")[:300]
+
+
+def _stat_within(path: str, timeout: float) -> dict:
+    """Whether the shared storage answers a stat of path within timeout s (an NFS server gone
+    leaves it blocked: the thread is left behind, the answer is "no")."""
+    box: dict = {}
+    started = time.monotonic()
+
+    def call() -> None:
+        try:
+            os.stat(path)
+            box["ok"] = True
+        except OSError as exc:
+            box["error"] = exc.strerror
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(call)
+        deadline = started + timeout
+        while not box and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pool.shutdown(wait=False)
+        answered = bool(box)
+        return {"path": path, "answered": answered, "error": box.get("error"),
+                "seconds": round(time.monotonic() - started, 3)}  # fmt: skip
+
+
+def _key_values(text: str) -> dict[str, int]:
+    out = {}
+    for line in text.splitlines():
+        parts = line.replace(":", " ").split()
+        if len(parts) >= 2 and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def host_state(storage: str, timeout: float) -> dict:
+    """Load, memory, the container's CPU throttling and memory, and the shared storage."""
+    cgroup = Path("/sys/fs/cgroup")
+    cpu = _key_values(_read(cgroup / "cpu.stat") or _read(cgroup / "cpu" / "cpu.stat"))
+    mem = _key_values(_read(Path("/proc/meminfo")))
+    state = {
+        "loadavg": _read(Path("/proc/loadavg")).split()[:3],
+        "mem_total_kb": mem.get("MemTotal"),
+        "mem_available_kb": mem.get("MemAvailable"),
+        "cpu_throttling": {
+            k: cpu[k]
+            for k in ("nr_periods", "nr_throttled", "throttled_usec", "throttled_time")
+            if k in cpu
+        },
+        "container_memory_bytes": _read(cgroup / "memory.current").strip() or None,
+        "container_memory_max": _read(cgroup / "memory.max").strip() or None,
+    }
+    if storage:
+        state["storage"] = _stat_within(storage, min(timeout, 2.0))
+    return state
+
+
+def _read(path: Path) -> str:
+    with contextlib.suppress(OSError):
+        return path.read_text()
+    return ""
+
+
+def nvidia_smi(timeout: float) -> str | None:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        proc = subprocess.run([exe, "-q"], capture_output=True, text=True, timeout=timeout,
+                              check=False)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return f"nvidia-smi -q did not finish within {timeout:g} s"
+    return proc.stdout or proc.stderr
+
+
+def _rank(pid: int, timeout: float) -> dict:
+    state = proc_state(pid)
+    threads, error = stacks(pid, timeout)
+    rec = {"rank": rank_of(pid), "pid": pid, "state": state, "fds": _fds(pid),
+           "threads": threads, "error": error}  # fmt: skip
+    if threads is not None:
+        rec["where"] = where(threads, state)
+    return rec
+
+
+def collect(pids: list[int], host: str, storage: str = "", timeout: float = DUMP_TIMEOUT) -> dict:
+    """Every rank of pids dumped side by side, and the host's state: at most ~timeout s."""
+    started = time.time()
+    with concurrent.futures.ThreadPoolExecutor(max(len(pids), 1)) as pool:
+        ranks = list(pool.map(lambda pid: _rank(pid, timeout), pids))
+        state = host_state(storage, timeout)
+    return {"host": host, "time": started, "seconds": round(time.time() - started, 2),
+            "host_state": state, "nvidia_smi": nvidia_smi(timeout),
+            "ranks": [r for r in ranks if r["rank"] is not None]}  # fmt: skip
+
+
+def compact(collected: dict) -> dict:
+    """What the store carries to node rank 0 for the index: no stacks, no nvidia-smi."""
+    keep = ("rank", "pid", "state", "fds", "where", "error")
+    return {"host": collected["host"], "host_state": collected["host_state"],
+            "ranks": [{k: r.get(k) for k in keep} for r in collected["ranks"]]}  # fmt: skip
+
+
+def render(host: str, rec: dict, state: dict) -> str:
+    """One rank's stacks as plain text, py-spy's layout, with the host's state above."""
+    lines = [f"rank {rec['rank']} on {host}, pid {rec['pid']}, process state {rec['state']}, "
+             f"{rec['fds']} open file descriptors", f"host: {json.dumps(state)}"]  # fmt: skip
+    if rec.get("where"):
+        lines.append(f"where: {rec['where']['what']} ({rec['where']['at']})")
+    if rec.get("error"):
+        lines.append(f"no stacks: {rec['error']}")
+    for thread in rec.get("threads") or []:
+        idle = "active" if thread.get("active") else "idle"
+        lines.append(
+            f'\nThread {thread.get("os_thread_id")} ({idle}): "{thread.get("thread_name")}"'
+        )
+        for frame in thread.get("frames") or []:
+            name = str(frame.get("name"))
+            if not str(frame.get("filename") or "").endswith(".py"):
+                name = name[:NATIVE_NAME]
+            where_at = f"{frame.get('short_filename')}:{frame.get('line')}"
+            lines.append(
+                f"    {name} ({where_at if frame.get('line') else frame.get('short_filename')})"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def write_ranks(out: Path, collected: dict) -> None:
+    """rank-<N>.txt and rank-<N>.json of every rank collected (nvidia-smi-<host>.txt too)."""
+    out.mkdir(parents=True, exist_ok=True)
+    host, state = collected["host"], collected["host_state"]
+    for rec in collected["ranks"]:
+        (out / f"rank-{rec['rank']}.txt").write_text(render(host, rec, state))
+        write_json_atomic(
+            out / f"rank-{rec['rank']}.json", {"host": host, "host_state": state, **rec}
+        )
+    if collected.get("nvidia_smi"):
+        (out / f"nvidia-smi-{host}.txt").write_text(collected["nvidia_smi"])
+
+
+def _flat(hosts: list[dict]) -> list[dict]:
+    return sorted(({**r, "host": h["host"], "file": f"rank-{r['rank']}.txt"}
+                   for h in hosts for r in h["ranks"]), key=lambda r: r["rank"])  # fmt: skip
+
+
+def diagnose_line(hosts: list[dict], missing: dict[str, list[int]]) -> str:
+    """The diagnosis from every host's compact record (``missing``: host -> its ranks, of the
+    hosts that gave none)."""
+    return diagnose(_flat(hosts), missing)
+
+
+def write_index(out: Path, head: dict, hosts: list[dict], missing: dict[str, list[int]]) -> str:
+    """index.json from every host's compact record; returns the diagnosis line it holds."""
+    ranks = _flat(hosts)
+    line = diagnose(ranks, missing)
+    index = {**head, "time": time.time(), "diagnosis": line, "ranks": ranks,
+             "hosts": {h["host"]: h["host_state"] for h in hosts},
+             "missing": {host: {"ranks": r, "why": "its agent did not answer"}
+                         for host, r in missing.items()}}  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "index.json", index)
+    return line
