@@ -1,4 +1,4 @@
-"""The wheelhouse the air-gapped trainer image is built from (torch, torchvision, pillow).
+"""The wheelhouse the air-gapped trainer image is built from (torch, torchvision, pillow, py-spy).
 
 Downloaded on the host, where pip works, for the trainer base image's Python (3.11,
 glibc 2.36), pinned by requirements.txt; reused while the pins are unchanged.
@@ -13,11 +13,12 @@ from pathlib import Path
 
 from sandbox.dockercli import SandboxError, last_line
 
-PACKAGES = ("torch", "torchvision", "pillow")
+PACKAGES = ("torch", "torchvision", "pillow", "py-spy")
 PYTHON_VERSION = "3.11"
-# glibc 2.36 runs every manylinux wheel from 2_17 up; pip wants each tag named.
-PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(36, 16, -1)]
-PLATFORMS += ["manylinux2014_x86_64"]
+# glibc 2.36 runs every manylinux wheel from 2_5 up (py-spy's is manylinux1); pip wants each
+# tag named.
+PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)]
+PLATFORMS += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
 STAMP = ".ddpfleet-complete"
 
 
