@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trainer.options import OPTIONS, RUN_ID_HELP, Option, bounds  # noqa: E402
+from trainer.options import DUMP_HELP, OPTIONS, RUN_ID_HELP, Option, bounds  # noqa: E402
 
 SPECS = Path("roles/trainer_run/meta/argument_specs.yml")
 DEFAULTS = Path("roles/trainer_run/defaults/main.yml")
@@ -82,6 +82,8 @@ def argument_specs() -> str:
         out += [f"  {entry}:", "    short_description: >-"]
         out += ["      " + w for w in textwrap.wrap(short, 110)]
         out += ["    options:", *run_id]
+        if entry in ("status", "stop"):
+            out += _spec("dump", DUMP_HELP, ["        type: bool", "        default: false"])
         for opt in OPTIONS.values() if entry == "main" else ():
             lines = [f"        type: {opt.type}"]
             if opt.type == "list":

@@ -68,6 +68,11 @@ RUN_ID_HELP = (
     "names containers, labels, the rendezvous id and <shared_mount>/runs/<run_id>/. Required; "
     "checked by the validate tasks (one-line error) that the playbooks run first."
 )
+DUMP_HELP = (
+    "Take a forensics bundle of the live run first (status.yml: and leave it running): every "
+    "rank's stacks, each host's state and a diagnosis line, in "
+    "<shared_mount>/runs/<run_id>/forensics/live-<time>/."
+)
 
 # fmt: off
 OPTIONS: dict[str, Option] = {o.name: o for o in [

@@ -198,6 +198,13 @@ def hosts_problems(values: Mapping, trainers: list[str], hostvars: Mapping) -> l
     return problems
 
 
+def dump_problem(value: object) -> str:
+    """status.yml/stop.yml's ``-e dump=...``: a boolean."""
+    if isinstance(value, bool) or str(value).lower() in ("true", "false", "yes", "no", "1", "0"):
+        return ""
+    return f"invalid dump {json.dumps(str(value))}: use -e dump=true, or leave it out"
+
+
 def first_problem(
     variables: Mapping, trainers: list[str], play_hosts: list[str], hostvars: Mapping
 ) -> str:
@@ -206,6 +213,7 @@ def first_problem(
     values = {name: variables.get(name, o.default) for name, o in OPTIONS.items()}
     checks = (
         lambda: run_id_problem(variables.get("run_id", UNDEFINED)),
+        lambda: dump_problem(variables.get("dump", False)),
         lambda: unknown_problem(variables),
         lambda: "; ".join(option_problems(values)),
         lambda: limit_problem(trainers, play_hosts),

@@ -39,6 +39,14 @@ def test_bad_run_id_is_refused(run_id):
     )
 
 
+@pytest.mark.parametrize(("dump", "problem"), [
+    (True, ""), ("false", ""), ("yes", ""),
+    ("maybe", 'invalid dump "maybe": use -e dump=true, or leave it out'),
+])  # fmt: skip
+def test_dump_is_a_boolean(dump, problem):
+    assert check(dump=dump) == problem
+
+
 @pytest.mark.parametrize("run_id", ["r-42_a.b", "a", "9", "a" * 64, "x..y", 42])
 def test_good_run_id_passes(run_id):
     assert validate.run_id_problem(run_id) == ""
