@@ -8,7 +8,8 @@ down within 15 s with nobody following, the failure names that host and rank, an
 (train_follow=false, logged in as root) returns at once, resumes from the newest checkpoint and
 status.yml reports it later; an ImageFolder run whose validation outlasts the heartbeat timeout
 is stopped during validation, keeps the trainer's checkpoint, and resumes from it (a second
-train.yml attaches to it while it runs); every bad input is refused with one line before
+train.yml attaches to it while it runs; status.yml and stop.yml take forensics bundles of it
+with -e dump=true, and it goes on after the first); every bad input is refused with one line before
 anything starts. Prints launch-to-first-step and teardown.
 """
 
@@ -52,6 +53,32 @@ def run_file(sandbox: Any, rid: str, name: str) -> str:
 
 def summary(sandbox: Any, rid: str) -> dict:
     return json.loads(run_file(sandbox, rid, "summary.json"))
+
+
+def bundle(sandbox: Any, rid: str, name: str) -> dict:
+    """forensics/<name>/index.json of the run, after checking that it lists every rank once,
+    each with its plain-text stacks beside it."""
+    index = json.loads(run_file(sandbox, rid, f"forensics/{name}/index.json"))
+    world = json.loads(run_file(sandbox, rid, "config.json"))["world_size"]
+    dumped = sorted(r["rank"] for r in index["ranks"])
+    missing = sorted(r for m in index["missing"].values() for r in m["ranks"])
+    assert sorted(dumped + missing) == list(range(world)), index
+    for r in index["ranks"]:
+        assert "Thread " in run_file(sandbox, rid, f"forensics/{name}/{r['file']}"), r
+    return index
+
+
+def live_bundle(sandbox: Any, rid: str, out: str) -> dict:
+    """index.json of the live bundle a -e dump=true playbook printed it took."""
+    found = re.search(
+        rf"the bundle: \S+/runs/{re.escape(rid)}/forensics/(live-\d{{8}}T\d{{6}}Z)", out
+    )
+    assert found, out[-3000:]
+    index = bundle(sandbox, rid, found.group(1))
+    assert index["missing"] == {}, index
+    assert all(r["where"] and not r["error"] for r in index["ranks"]), index
+    assert index["diagnosis"] in out
+    return index
 
 
 def containers(sandbox: Any, rid: str) -> dict[str, list[str]]:
@@ -399,10 +426,11 @@ def stopped(cluster: Any, long_val: str) -> dict:
     attached = None
     try:
         wait_for_step(cluster, rid, 1, proc)
-        status = run_site(cluster, "-e", f"run_id={rid}", playbook="status.yml")
+        # status.yml with a forensics bundle of the live run, which goes on (attached below)
+        status = run_site(cluster, "-e", f"run_id={rid}", "-e", "dump=true", playbook="status.yml")
         attached = start_train(cluster, rid)
         at = wait_for(cluster, rid, proc, step=4, phase="validate")
-        stop = run_site(cluster, "-e", f"run_id={rid}", playbook="stop.yml")
+        stop = run_site(cluster, "-e", f"run_id={rid}", "-e", "dump=true", playbook="stop.yml")
         out, _ = proc.communicate(timeout=300)
         attached_out, _ = attached.communicate(timeout=300)
     finally:
@@ -422,6 +450,14 @@ def test_status_of_a_running_run(stopped: dict, cluster: Any) -> None:
     for node in cluster.nodes:
         assert f"{node.name}: container running" in status.stdout
     assert progress_lines(stopped["rid"], status.stdout), status.tail()
+    index = live_bundle(cluster, stopped["rid"], status.stdout)
+    assert {r["where"]["what"] for r in index["ranks"]} != {"no Python frame"}, index
+
+
+def test_stop_with_dump_takes_a_bundle_then_stops(stopped: dict, cluster: Any) -> None:
+    # every rank was dumped while it ran (live_bundle), and the stop then went as without
+    live_bundle(cluster, stopped["rid"], stopped["stop"].stdout)
+    assert summary(cluster, stopped["rid"])["status"] == "stopped"
 
 
 def test_train_attaches_to_a_running_run(stopped: dict) -> None:

@@ -8,6 +8,8 @@
   back with eth1 instead of eth0, which GLOO_SOCKET_IFNAME names.)
 - one rank frozen with SIGSTOP: that rank and host are named (not a peer waiting for it in
   the all-reduce), and every container is gone within the heartbeat timeout + 15 s.
+Each leaves a forensics bundle taken before the kill: every reachable rank's stacks, and a
+diagnosis naming the stopped rank, or the host that gave none.
 Both runs are followed by nobody (train_follow=false): the agents do it all.
 """
 
@@ -19,6 +21,7 @@ from typing import Any
 
 import pytest
 from test_30_train import (
+    bundle,
     containers,
     progress,
     run_id,
@@ -96,6 +99,16 @@ def test_cut_off_node_is_named_as_the_cause(cluster: Any, cut_off: dict) -> None
     assert "keepalive" in data["failure"]["reason"]
 
 
+def test_cut_off_node_bundle_has_every_reachable_ranks_stacks(cluster: Any, cut_off: dict) -> None:
+    data = summary(cluster, cut_off["rid"])
+    index = bundle(cluster, cut_off["rid"], data["attempt"])
+    victim = cut_off["victim"].name
+    assert list(index["missing"]) == [victim], index
+    assert victim not in {r["host"] for r in index["ranks"]}
+    assert all(r["where"] and not r["error"] for r in index["ranks"]), index
+    assert f"of {victim}: no stacks" in data["diagnosis"]
+
+
 def test_cut_off_node_ends_its_own_container(cluster: Any, cut_off: dict) -> None:
     victim = cut_off["victim"]
     assert containers_on(cluster, cut_off["rid"], [victim])[victim.name] == []
@@ -130,6 +143,16 @@ def test_frozen_rank_is_named_not_a_peer(cluster: Any, frozen: dict) -> None:
     assert data["status"] == "failed"
     assert (data["failure"]["host"], data["failure"]["rank"]) == (frozen["victim"].name, 1), data
     assert "frozen" in data["failure"]["reason"]
+
+
+def test_frozen_rank_bundle_names_it_with_every_ranks_stacks(cluster: Any, frozen: dict) -> None:
+    data = summary(cluster, frozen["rid"])
+    index = bundle(cluster, frozen["rid"], data["attempt"])
+    assert index["missing"] == {}, index
+    rank1 = next(r for r in index["ranks"] if r["rank"] == 1)
+    assert (rank1["host"], rank1["state"]) == (frozen["victim"].name, "T"), rank1
+    assert f"rank 1 ({frozen['victim'].name}) is stopped (process state T) in " in data["diagnosis"]
+    assert index["diagnosis"] == data["diagnosis"]
 
 
 def test_frozen_rank_teardown_within_heartbeat_timeout(frozen: dict) -> None:
