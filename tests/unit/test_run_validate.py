@@ -44,7 +44,9 @@ def test_bad_run_id_is_refused(run_id):
     ("maybe", 'invalid dump "maybe": use -e dump=true, or leave it out'),
 ])  # fmt: skip
 def test_dump_is_a_boolean(dump, problem):
-    assert check(dump=dump) == problem
+    assert validate.dump_problem(dump) == problem
+    if problem:  # refused before any train_* option is looked at
+        assert check(dump=dump, train_synthetic=True) == problem
 
 
 @pytest.mark.parametrize("run_id", ["r-42_a.b", "a", "9", "a" * 64, "x..y", 42])
