@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from ddpfleet_agent.files import write_json_atomic
+from ddpfleet_agent.hoststate import host_state, nvidia_smi
 from ddpfleet_agent.stacks import diagnose, where
 
 DUMP_TIMEOUT = 5.0  # seconds one rank's dump may take; the teardown waits no longer
@@ -72,94 +73,33 @@ def _fds(pid: int) -> int | None:
 
 
 def stacks(pid: int, timeout: float) -> tuple[list[dict] | None, str | None]:
-    """(py-spy's threads, None) or (None, why not) within timeout s."""
+    """(py-spy's threads, None) or (None, why not) within timeout s: with native frames in
+    the first 60 % of it (unwinding torch's libraries can take seconds on a loaded host),
+    else Python frames only, read without pausing the process (also what a stopped one gets)."""
     exe = py_spy()
     if exe is None:
         return None, "py-spy is not installed where the rank runs"
-    mode = ["--nonblocking"] if proc_state(pid) == "T" else ["--native"]
-    try:
-        args = [exe, "dump", "--pid", str(pid), "--json", *mode]
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return None, f"py-spy did not finish within {timeout:g} s"
-    if proc.returncode == 0:
-        with contextlib.suppress(ValueError):
-            return json.loads(proc.stdout), None
-    lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
-    return None, (lines[0] if lines else f"py-spy exited with {proc.returncode}")[:300]
-
-
-def _stat_within(path: str, timeout: float) -> dict:
-    """Whether the shared storage answers a stat of path within timeout s (an NFS server gone
-    leaves it blocked: the thread is left behind, the answer is "no")."""
-    box: dict = {}
-    started = time.monotonic()
-
-    def call() -> None:
+    deadline = time.monotonic() + timeout
+    tries = [["--nonblocking"]] if proc_state(pid) == "T" else [["--native"], ["--nonblocking"]]
+    why = ""
+    for mode in tries:
+        left = deadline - time.monotonic()
+        if mode == ["--native"]:
+            left *= 0.6
+        if left <= 0:
+            break
         try:
-            os.stat(path)
-            box["ok"] = True
-        except OSError as exc:
-            box["error"] = exc.strerror
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pool.submit(call)
-        deadline = started + timeout
-        while not box and time.monotonic() < deadline:
-            time.sleep(0.02)
-        pool.shutdown(wait=False)
-        answered = bool(box)
-        return {"path": path, "answered": answered, "error": box.get("error"),
-                "seconds": round(time.monotonic() - started, 3)}  # fmt: skip
-
-
-def _key_values(text: str) -> dict[str, int]:
-    out = {}
-    for line in text.splitlines():
-        parts = line.replace(":", " ").split()
-        if len(parts) >= 2 and parts[1].isdigit():
-            out[parts[0]] = int(parts[1])
-    return out
-
-
-def host_state(storage: str, timeout: float) -> dict:
-    """Load, memory, the container's CPU throttling and memory, and the shared storage."""
-    cgroup = Path("/sys/fs/cgroup")
-    cpu = _key_values(_read(cgroup / "cpu.stat") or _read(cgroup / "cpu" / "cpu.stat"))
-    mem = _key_values(_read(Path("/proc/meminfo")))
-    state = {
-        "loadavg": _read(Path("/proc/loadavg")).split()[:3],
-        "mem_total_kb": mem.get("MemTotal"),
-        "mem_available_kb": mem.get("MemAvailable"),
-        "cpu_throttling": {
-            k: cpu[k]
-            for k in ("nr_periods", "nr_throttled", "throttled_usec", "throttled_time")
-            if k in cpu
-        },
-        "container_memory_bytes": _read(cgroup / "memory.current").strip() or None,
-        "container_memory_max": _read(cgroup / "memory.max").strip() or None,
-    }
-    if storage:
-        state["storage"] = _stat_within(storage, min(timeout, 2.0))
-    return state
-
-
-def _read(path: Path) -> str:
-    with contextlib.suppress(OSError):
-        return path.read_text()
-    return ""
-
-
-def nvidia_smi(timeout: float) -> str | None:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        proc = subprocess.run([exe, "-q"], capture_output=True, text=True, timeout=timeout,
-                              check=False)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return f"nvidia-smi -q did not finish within {timeout:g} s"
-    return proc.stdout or proc.stderr
+            args = [exe, "dump", "--pid", str(pid), "--json", *mode]
+            proc = subprocess.run(args, capture_output=True, text=True, timeout=left, check=False)
+        except subprocess.TimeoutExpired:
+            why = f"py-spy did not finish within {timeout:g} s"
+            continue
+        if proc.returncode == 0:
+            with contextlib.suppress(ValueError):
+                return json.loads(proc.stdout), None
+        lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
+        why = (lines[0] if lines else f"py-spy exited with {proc.returncode}")[:300]
+    return None, why or f"py-spy did not finish within {timeout:g} s"
 
 
 def _rank(pid: int, timeout: float) -> dict:

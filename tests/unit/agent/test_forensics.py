@@ -143,6 +143,19 @@ def test_a_rank_that_cannot_be_dumped_in_time_is_recorded_and_the_bound_holds(
     assert "no stacks (py-spy did not finish within 1 s)" in diagnose_line([compact(got)], {})
 
 
+def test_native_unwinding_too_slow_falls_back_to_the_python_frames(gloo_run, tmp_path, monkeypatch):
+    # a py-spy whose --native dump never finishes (torch's libraries on a loaded host)
+    slow = tmp_path / "py-spy"
+    real = forensics.py_spy()
+    slow.write_text(f'#!/bin/sh\ncase "$*" in *--native*) sleep 30;; esac\nexec {real} "$@"\n')
+    slow.chmod(0o755)
+    monkeypatch.setattr(forensics, "py_spy", lambda: str(slow))
+    t0 = time.monotonic()
+    got = collect(gloo_run["pids"], "h0", "", timeout=3.0)
+    assert time.monotonic() - t0 < 4.0
+    assert {r["where"]["what"] for r in got["ranks"]} == {"all_reduce", "slow_step"}, got
+
+
 def _thread(*frames: tuple[str, str, int], name: str = "MainThread") -> dict:
     return {"thread_name": name, "frames": [
         {"name": n, "filename": f, "short_filename": f.rsplit("/", 1)[-1] if "torch" not in f
