@@ -42,6 +42,7 @@ def take(agent: Agent, failure: dict) -> str | None:
     try:
         agent.peers.publish_dump(mine)
         while time.time() < deadline:
+            agent.peers.exchange(agent._record("running"))  # keepalive: this host is not gone
             dumps.update(agent.peers.dumps())
             heard = set(range(len(cfg.hosts))) - set(agent.peers.silent(time.time(), 5.0))
             if heard <= set(dumps):
