@@ -291,6 +291,7 @@ def test_status_lines():
         "steps": 7,
         "world_size": 3,
         "cause": "run r failed: host node2 rank 1: boom",
+        "diagnosis": "rank 0 wait in all_reduce (engine.py:142); rank 1 (node2) in f (x.py:3)",
     }
     s = snap(
         exits=[exit_rec("node1", "failed"), exit_rec("node3", "failed")],
@@ -307,6 +308,8 @@ def test_status_lines():
         "node1 exited, node2 silent, node3 unknown (phase train)",
         "summary: status failed, steps 7, world size 3, img/s ?",
         "cause: run r failed: host node2 rank 1: boom",
+        "where the ranks were: rank 0 wait in all_reduce (engine.py:142); rank 1 (node2) in f "
+        "(x.py:3)",
     ]
 
 
