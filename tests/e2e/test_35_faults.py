@@ -3,11 +3,11 @@
 - a node cut off from its peers (DROP rules for the other nodes' addresses in the node's own
   netfilter tables, where the run container's host network lives; the test's SSH from the
   gateway still reaches it): the other hosts' containers are gone within
-  train_peer_timeout + 15 s, the cause names that host, and the cut-off node's agent ends its
+  train_peer_timeout + 15 s + the forensics bound (6 s), the cause names that host, and the cut-off node's agent ends its
   own container. (`docker network disconnect` cuts it off too, but the reconnected node comes
   back with eth1 instead of eth0, which GLOO_SOCKET_IFNAME names.)
 - one rank frozen with SIGSTOP: that rank and host are named (not a peer waiting for it in
-  the all-reduce), and every container is gone within the heartbeat timeout + 15 s.
+  the all-reduce), and every container is gone within the heartbeat timeout + 15 s + 6 s.
 Each leaves a forensics bundle taken before the kill: every reachable rank's stacks, and a
 diagnosis naming the stopped rank, or the host that gave none.
 Both runs are followed by nobody (train_follow=false): the agents do it all.
@@ -16,6 +16,7 @@ Both runs are followed by nobody (train_follow=false): the agents do it all.
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -24,6 +25,7 @@ from test_30_train import (
     bundle,
     containers,
     progress,
+    run_file,
     run_id,
     summary,
     train,
@@ -32,7 +34,10 @@ from test_30_train import (
 
 PEER_TIMEOUT = 10
 HB_TIMEOUT = 10
-LIMIT = 15
+# the teardown's margin: 15 s, plus what the forensics bundle may take before the kill (each
+# agent's dumps within 5 s, its wait for the peers' within 1 s more: ddpfleet_agent/bundle.py)
+DUMP_BOUND = 6
+LIMIT = 15 + DUMP_BOUND
 
 
 def launch(cluster: Any, rid: str, *args: str) -> None:
@@ -104,6 +109,7 @@ def test_cut_off_node_bundle_has_every_reachable_ranks_stacks(cluster: Any, cut_
     index = bundle(cluster, cut_off["rid"], data["attempt"])
     victim = cut_off["victim"].name
     assert list(index["missing"]) == [victim], index
+    assert_dumped_within_bound(cluster, cut_off["rid"], cluster.nodes[:2])
     assert victim not in {r["host"] for r in index["ranks"]}
     assert all(r["where"] and not r["error"] for r in index["ranks"]), index
     assert f"of {victim}: no stacks" in data["diagnosis"]
@@ -153,6 +159,16 @@ def test_frozen_rank_bundle_names_it_with_every_ranks_stacks(cluster: Any, froze
     assert (rank1["host"], rank1["state"]) == (frozen["victim"].name, "T"), rank1
     assert f"rank 1 ({frozen['victim'].name}) is stopped (process state T) in " in data["diagnosis"]
     assert index["diagnosis"] == data["diagnosis"]
+    assert_dumped_within_bound(cluster, frozen["rid"], cluster.nodes)
+
+
+def assert_dumped_within_bound(cluster: Any, rid: str, nodes: list[Any]) -> None:
+    """Each host's agent says how long its dumps took: within the 5 s bound (+ py-spy's exit)."""
+    for node in nodes:
+        log = run_file(cluster, rid, f"nodes/{node.name}.log")
+        took = re.findall(r"forensics: \d+ ranks dumped in ([\d.]+) s", log)
+        assert took, f"{node.name}: no forensics line"
+        assert float(took[0]) <= 5.5, (node.name, took)
 
 
 def test_frozen_rank_teardown_within_heartbeat_timeout(frozen: dict) -> None:
