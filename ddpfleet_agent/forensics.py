@@ -59,11 +59,18 @@ def rank_of(pid: int) -> int | None:
     return None
 
 
+def _parent(pid: int) -> int:
+    stat = _proc(pid, "stat").decode(errors="replace")
+    return int(stat.rsplit(")", 1)[1].split()[1]) if ")" in stat else 0
+
+
 def rank_pids() -> list[int]:
-    """The rank processes visible here (the run container's): those with a RANK."""
+    """The rank processes visible here (the run container's): those with a RANK whose parent
+    has none (a rank's data-loader workers inherit its RANK)."""
     mine = os.getpid()
-    return [int(p) for p in os.listdir("/proc")
-            if p.isdigit() and int(p) != mine and rank_of(int(p)) is not None]  # fmt: skip
+    ranked = {int(p) for p in os.listdir("/proc")
+              if p.isdigit() and int(p) != mine and rank_of(int(p)) is not None}  # fmt: skip
+    return sorted(pid for pid in ranked if _parent(pid) not in ranked)
 
 
 def _fds(pid: int) -> int | None:

@@ -14,6 +14,7 @@ import pytest
 
 from ddpfleet_agent import forensics
 from ddpfleet_agent.forensics import collect, compact, diagnose_line, write_index, write_ranks
+from ddpfleet_agent.ranks import children
 from ddpfleet_agent.stacks import diagnose, where
 
 # Rank ODD_RANK stops before the all-reduce of step 2, in a function of its own; the other
@@ -76,8 +77,6 @@ def gloo_run(tmp_path_factory):
 def _rank_pids(launcher: int, n: int) -> list[int]:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        from ddpfleet_agent.ranks import children  # noqa: PLC0415
-
         pids = [p for p in children(launcher) if forensics.rank_of(p) is not None]
         if len(pids) == n:
             return pids
@@ -141,6 +140,27 @@ def test_a_rank_that_cannot_be_dumped_in_time_is_recorded_and_the_bound_holds(
     assert time.monotonic() - t0 < 3.0
     assert {r["error"] for r in got["ranks"]} == {"py-spy did not finish within 1 s"}
     assert "no stacks (py-spy did not finish within 1 s)" in diagnose_line([compact(got)], {})
+
+
+def test_ranks_are_found_by_their_rank_and_not_their_loader_workers():
+    # a "rank" (RANK set) with a forked child that inherits RANK, as a data-loader worker does
+    code = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\ntime.sleep(60)\n"
+    rank = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "RANK": "7"})
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if children(rank.pid):
+                break
+            time.sleep(0.1)
+        worker = children(rank.pid)[0]
+        assert forensics.rank_of(worker) == 7
+        found = forensics.rank_pids()
+        assert rank.pid in found
+        assert worker not in found
+    finally:
+        for pid in [*children(rank.pid), rank.pid]:
+            os.kill(pid, signal.SIGKILL)
+        rank.wait(10)
 
 
 def test_native_unwinding_too_slow_falls_back_to_the_python_frames(gloo_run, tmp_path, monkeypatch):
