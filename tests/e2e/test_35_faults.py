@@ -4,8 +4,9 @@
   netfilter tables, where the run container's host network lives; the test's SSH from the
   gateway still reaches it): the other hosts' containers are gone within
   train_peer_timeout + 15 s + the forensics bound (6 s), the cause names that host, and the
-  cut-off node's agent ends its own container. (`docker network disconnect` cuts it off too, but the reconnected node comes
-  back with eth1 instead of eth0, which GLOO_SOCKET_IFNAME names.)
+  cut-off node's agent ends its own container. (`docker network disconnect` cuts it off too,
+  but the reconnected node comes back with eth1 instead of eth0, which GLOO_SOCKET_IFNAME
+  names.)
 - one rank frozen with SIGSTOP: that rank and host are named (not a peer waiting for it in
   the all-reduce), and every container is gone within the heartbeat timeout + 15 s + 6 s.
 Each leaves a forensics bundle taken before the kill: every reachable rank's stacks, and a
