@@ -44,7 +44,9 @@ def take(agent: Agent, failure: dict) -> str | None:
         while time.time() < deadline:
             agent.peers.exchange(agent._record("running"))  # keepalive: this host is not gone
             dumps.update(agent.peers.dumps())
-            heard = set(range(len(cfg.hosts))) - set(agent.peers.silent(time.time(), 5.0))
+            # a host judged gone was silent for peer_timeout already: no wait for it
+            silent = agent.peers.silent(time.time(), min(5.0, cfg.peer_timeout))
+            heard = set(range(len(cfg.hosts))) - set(silent)
             if heard <= set(dumps):
                 break
             time.sleep(cfg.tick / 2)

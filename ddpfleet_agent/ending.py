@@ -1,6 +1,8 @@
-"""How an agent ends its run: its exit record, the run's summary, progress and report.
+"""How an agent reports its run: progress.json while it runs; at the end its exit record, the
+run's summary, the final progress and the report.
 
-The ``Ending`` half of ``supervise.Agent``: every host's agent reports its exit (store and
+The ``Ending`` half of ``supervise.Agent``: node rank 0's agent rewrites progress.json every
+PROGRESS_EVERY s while the run goes; every host's agent reports its exit (store and
 ``nodes/<host>.exit.json``) and, where it judged a failure, the cause; node rank 0's agent then
 waits for the others' exits, writes summary.json's outcome, the report of a completed run and
 the final progress.json that train.yml's follower waits for. A host cut off from node rank 0
@@ -36,7 +38,9 @@ class Ending:
     diagnosis: str | None
     store_ok: bool
     escalated: bool
-    # and, from supervise.Agent: say(), _record() and _progress_record()
+    last_progress: float
+    first_train: tuple[float, int] | None
+    # and, from supervise.Agent: say() and _record()
 
     def _finish(self, outcome: str, code: int) -> int:
         cfg = self.cfg
@@ -176,3 +180,41 @@ class Ending:
             if all(n in self.peers.exits or n in gone for n in waiting):
                 return
             time.sleep(self.cfg.tick)
+
+    def _progress(self, now: float) -> None:
+        """Node rank 0 keeps progress.json current (every PROGRESS_EVERY s)."""
+        if not self.cfg.is_server or now - self.last_progress < PROGRESS_EVERY:
+            return
+        self.last_progress = now
+        self.records.write_progress(self._progress_record(now, "running"))
+
+    def _progress_record(self, now: float, state: str, status: str = "running") -> dict:
+        cfg = self.cfg
+        views = self.peers.views
+        lead = (views.get(0, {}).get("ranks") or [{}])[0]
+        step, total = int(lead.get("step") or 0), int(lead.get("total_steps") or 0)
+        eta = None
+        if lead.get("phase") in ("train", "validate"):
+            if self.first_train is None:
+                self.first_train = (now, step)
+            t0, s0 = self.first_train
+            if step > s0 and total:
+                eta = round((total - step) * (now - t0) / (step - s0), 1)
+        hosts = {}
+        for node, name in enumerate(cfg.hosts):
+            if node in self.peers.exits or views.get(node, {}).get("state") == "exited":
+                hosts[name] = "exited"
+            elif node not in self.peers.seen:
+                hosts[name] = "starting"
+            elif now - self.peers.seen[node][1] > max(3 * cfg.tick, 5.0):
+                hosts[name] = "silent"
+            else:
+                hosts[name] = "running"
+        return {
+            "run_id": cfg.run_id, "attempt": cfg.attempt, "state": state, "status": status,
+            "time": now, "step": step, "total_steps": total, "epoch": lead.get("epoch"),
+            "phase": lead.get("phase"), "loss": lead.get("loss"),
+            "images_per_sec": lead.get("images_per_sec"), "eta_sec": eta, "hosts": hosts,
+            "elapsed_sec": round(now - self.ranks.started, 1) if self.ranks.started else 0.0,
+            "program": cfg.program,
+        }  # fmt: skip

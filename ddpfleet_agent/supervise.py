@@ -13,7 +13,7 @@ from types import FrameType
 
 from ddpfleet_agent import bundle, failures
 from ddpfleet_agent.cli import AgentConfig
-from ddpfleet_agent.ending import EXIT_STOPPED, PROGRESS_EVERY, Ending
+from ddpfleet_agent.ending import EXIT_STOPPED, Ending
 from ddpfleet_agent.failures import Failure
 from ddpfleet_agent.peers import Peers, StoreLost
 from ddpfleet_agent.ranks import LocalRanks, rank_views
@@ -231,41 +231,3 @@ class Agent(Ending):
             return self._failure(gone[0], None, None, gone[1])
         late = failures.runtime_problem(self.ranks.started, now, cfg.max_runtime)
         return None if late is None else self._failure(cfg.node_rank, None, None, late)
-
-    def _progress(self, now: float) -> None:
-        """Node rank 0 keeps progress.json current (every PROGRESS_EVERY s)."""
-        if not self.cfg.is_server or now - self.last_progress < PROGRESS_EVERY:
-            return
-        self.last_progress = now
-        self.records.write_progress(self._progress_record(now, "running"))
-
-    def _progress_record(self, now: float, state: str, status: str = "running") -> dict:
-        cfg = self.cfg
-        views = self.peers.views
-        lead = (views.get(0, {}).get("ranks") or [{}])[0]
-        step, total = int(lead.get("step") or 0), int(lead.get("total_steps") or 0)
-        eta = None
-        if lead.get("phase") in ("train", "validate"):
-            if self.first_train is None:
-                self.first_train = (now, step)
-            t0, s0 = self.first_train
-            if step > s0 and total:
-                eta = round((total - step) * (now - t0) / (step - s0), 1)
-        hosts = {}
-        for node, name in enumerate(cfg.hosts):
-            if node in self.peers.exits or views.get(node, {}).get("state") == "exited":
-                hosts[name] = "exited"
-            elif node not in self.peers.seen:
-                hosts[name] = "starting"
-            elif now - self.peers.seen[node][1] > max(3 * cfg.tick, 5.0):
-                hosts[name] = "silent"
-            else:
-                hosts[name] = "running"
-        return {
-            "run_id": cfg.run_id, "attempt": cfg.attempt, "state": state, "status": status,
-            "time": now, "step": step, "total_steps": total, "epoch": lead.get("epoch"),
-            "phase": lead.get("phase"), "loss": lead.get("loss"),
-            "images_per_sec": lead.get("images_per_sec"), "eta_sec": eta, "hosts": hosts,
-            "elapsed_sec": round(now - self.ranks.started, 1) if self.ranks.started else 0.0,
-            "program": cfg.program,
-        }  # fmt: skip

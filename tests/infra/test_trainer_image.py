@@ -92,6 +92,22 @@ def test_image_runs_as_the_shared_storage_owner(host: Any, image: dict[str, Any]
     assert ids.stdout.strip() == f"{image['nfs_owner_uid']}:{image['nfs_owner_gid']}"
 
 
+def test_py_spy_alone_may_trace_the_ranks(host: Any, image: dict[str, Any], ref: str) -> None:
+    """The forensics bundle's py-spy: CAP_SYS_PTRACE as its file capability (v2, permitted and
+    effective = bit 19), which the run container's bounding set allows; python has none."""
+    if not image["is_trainer"]:
+        pytest.skip("not a trainer: the image is pre-pulled on trainers only")
+    read = (
+        "import os, struct; "
+        "print(struct.unpack('<5I', os.getxattr('/opt/ddpfleet/venv/bin/py-spy', "
+        "'security.capability'))[:2]); "
+        "print(os.listxattr('/opt/ddpfleet/venv/bin/python3'))"
+    )
+    caps = docker_run(host, ref, f'python -c "{read}"')
+    assert caps.rc == 0, caps.stderr
+    assert caps.stdout.split("\n")[:2] == [f"({0x02000001}, {1 << 19})", "[]"], caps.stdout
+
+
 def test_image_carries_the_pinned_stack(host: Any, image: dict[str, Any], ref: str) -> None:
     if not image["is_trainer"]:
         pytest.skip("not a trainer: the image is pre-pulled on trainers only")
@@ -171,5 +187,6 @@ def test_build_context_pins_only_what_the_image_installs(host: Any, image: dict[
     if not image["is_builder"]:
         pytest.skip("only the registry host builds")
     pins = host.file(f"{image['trainer_image_build_dir']}/requirements.txt").content_string
-    expected = [f"{name}=={pinned(name)}" for name in ("torch", "torchvision", "pillow")]
+    names = ("torch", "torchvision", "pillow", "py-spy")
+    expected = [f"{name}=={pinned(name)}" for name in names]
     assert pins.split() == expected

@@ -62,12 +62,14 @@ def gloo_run(tmp_path_factory):
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         pids = _rank_pids(launcher.pid, 2)
-        deadline = time.monotonic() + 60  # until rank 1 sits in slow_step
+        deadline = time.monotonic() + 180  # until rank 1 sits in slow_step (a loaded host)
         while time.monotonic() < deadline:
             got = collect(pids, "h0", str(tmp), timeout=10)
             if any(r.get("where", {}).get("what") == "slow_step" for r in got["ranks"]):
                 break
             time.sleep(1)
+        else:
+            raise AssertionError(f"rank 1 never reached slow_step: {got}")
         yield {"pids": pids, "tmp": tmp}
     finally:
         os.killpg(launcher.pid, signal.SIGKILL)
