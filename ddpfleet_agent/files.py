@@ -40,13 +40,19 @@ def read_json(path: Path) -> dict:
 STORAGE_READ_TIMEOUT = 10.0
 
 
+def call_within(fn, timeout: float) -> list:
+    """fn() on a daemon thread of its own, waited for ``timeout`` s: [its value], or [] when
+    it did not return in time (the thread is left blocked; the caller goes on)."""
+    box: list = []
+    worker = threading.Thread(target=lambda: box.append(fn()), daemon=True)
+    worker.start()
+    worker.join(timeout)
+    return box
+
+
 def read_json_within(path: Path, timeout: float) -> dict | None:
-    """``read_json`` on a thread of its own, waited for ``timeout`` s: None when the storage
-    did not answer in time (the thread is left blocked; the caller goes on)."""
-    box: list[dict] = []
-    reader = threading.Thread(target=lambda: box.append(read_json(path)), daemon=True)
-    reader.start()
-    reader.join(timeout)
+    """``read_json`` within ``timeout`` s: None when the storage did not answer in time."""
+    box = call_within(lambda: read_json(path), timeout)
     return box[0] if box else None
 
 

@@ -4,7 +4,6 @@ Each read is bounded: a blocked NFS mount or a hung nvidia-smi costs the bound, 
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import os
 import shutil
@@ -12,29 +11,24 @@ import subprocess
 import time
 from pathlib import Path
 
+from ddpfleet_agent.files import call_within
+
 
 def _stat_within(path: str, timeout: float) -> dict:
     """Whether the shared storage answers a stat of path within timeout s (an NFS server gone
     leaves it blocked: the thread is left behind, the answer is "no")."""
-    box: dict = {}
     started = time.monotonic()
 
-    def call() -> None:
+    def call() -> str | None:
         try:
             os.stat(path)
-            box["ok"] = True
         except OSError as exc:
-            box["error"] = exc.strerror
+            return exc.strerror
+        return None
 
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pool.submit(call)
-        deadline = started + timeout
-        while not box and time.monotonic() < deadline:
-            time.sleep(0.02)
-        pool.shutdown(wait=False)
-        answered = bool(box)
-        return {"path": path, "answered": answered, "error": box.get("error"),
-                "seconds": round(time.monotonic() - started, 3)}  # fmt: skip
+    box = call_within(call, timeout)
+    return {"path": path, "answered": bool(box), "error": box[0] if box else None,
+            "seconds": round(time.monotonic() - started, 3)}  # fmt: skip
 
 
 def _key_values(text: str) -> dict[str, int]:
