@@ -1,4 +1,5 @@
-"""The wheelhouse the air-gapped trainer image is built from (torch, torchvision, pillow, py-spy).
+"""The wheelhouse the air-gapped trainer image is built from (torch, torchvision, pillow, py-spy,
+the metrics libraries).
 
 Downloaded on the host, where pip works, for the trainer base image's Python (3.11,
 glibc 2.36), pinned by requirements.txt; reused while the pins are unchanged.
@@ -13,7 +14,10 @@ from pathlib import Path
 
 from sandbox.dockercli import SandboxError, last_line
 
-PACKAGES = ("torch", "torchvision", "pillow", "py-spy")
+PACKAGES = (
+    "torch", "torchvision", "pillow", "py-spy",
+    "tensorboardx", "protobuf", "prometheus-client", "nvidia-ml-py",
+)  # fmt: skip
 PYTHON_VERSION = "3.11"
 # glibc 2.36 runs every manylinux wheel from 2_5 up (py-spy's is manylinux1); pip wants each
 # tag named.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable
 
 import torch
@@ -17,6 +18,7 @@ from trainer.inputs import InputPipeline
 from trainer.metrics import LOG, Heartbeat, MetricsLog, NonFiniteError, Throughput
 from trainer.model import autocast
 from trainer.stop import StopFlag
+from trainer.tboard import EventLog
 
 
 @dataclasses.dataclass
@@ -43,6 +45,8 @@ class Run:
     last_loss: float | None = None
     inputs: InputPipeline | None = None  # the runner sets it: decode/move, bad samples
     loss_scale: float = 1.0  # b_r * W / B with --batch-weights (trainer.balance)
+    events: EventLog | None = None  # rank 0's TensorBoard event files
+    top5: float | None = None  # the last validation's top-5 accuracy
 
 
 def _first_nonfinite(run: Run, bad_step: torch.Tensor) -> int:
@@ -67,16 +71,18 @@ def _log_interval(run: Run, loss_sum: torch.Tensor, count: int, bad_step: torch.
     inputs = run.inputs
     assert inputs is not None
     new_bad = len(inputs.unshared())
-    total_loss, total_count, total_rate, signalled, new_bad = dist_utils.all_reduce_sum(
-        run.env, [float(loss_sum.item()), float(count), rate, float(run.stop.signum), new_bad]
-    )
+    rates = [0.0] * run.env.world_size  # each rank's own rate, in its slot: for TensorBoard
+    rates[run.env.rank] = rate
+    sums = [float(loss_sum.item()), float(count), rate, float(run.stop.signum), new_bad]
+    sums = dist_utils.all_reduce_sum(run.env, [*sums, run.meter.wait_fraction, *rates])
+    total_loss, total_count, total_rate, signalled, new_bad, waits = sums[:6]
     if new_bad:  # the same on every rank: all gather (rarely: only new bad files)
         inputs.agree(dist_utils.gather_objects(run.env, inputs.unshared()))  # type: ignore[arg-type]
     if not math.isfinite(total_loss):
         step = _first_nonfinite(run, bad_step) or run.step
         raise NonFiniteError(f"loss became non-finite at step {step}", step)
     run.last_loss = total_loss / max(total_count, 1.0)
-    run.heartbeat.interval(run.last_loss, total_rate)
+    run.heartbeat.interval(run.last_loss, total_rate, rate)
     lr = run.optimizer.param_groups[0]["lr"]
     row = {
         "step": run.step,
@@ -84,7 +90,10 @@ def _log_interval(run: Run, loss_sum: torch.Tensor, count: int, bad_step: torch.
         "loss": round(run.last_loss, 6),
         "lr": lr,
         "images_per_sec": round(total_rate, 2),
+        "data_wait_fraction": round(waits / run.env.world_size, 4),
     }
+    if run.events is not None:
+        run.events.interval(run.step, row, sums[6:])
     if run.metrics is not None:
         run.metrics.write(row)
         LOG.info(
@@ -120,7 +129,9 @@ def train_one_epoch(
     loss_sum = torch.zeros((), device=env.device)
     bad_step = torch.zeros((), dtype=torch.int64, device=env.device)  # first non-finite loss
     count = weighed = batches = 0  # steps in the interval, those of them with samples
+    fetched = time.perf_counter()
     for images, labels in loader:
+        run.meter.waited(time.perf_counter() - fetched)
         beat.progress()
         x, y = run.inputs(images, labels, loader.dataset)  # type: ignore[misc]
         with autocast(env.device, run.amp_dtype):
@@ -156,13 +167,15 @@ def train_one_epoch(
             on_checkpoint(batches)
         if done:
             break
+        fetched = time.perf_counter()
     stopped = bool(count) and _log_interval(run, loss_sum, weighed, bad_step)  # epoch's last
     return stopped, batches
 
 
 @torch.no_grad()
 def evaluate(run: Run, loader: DataLoader) -> float | None:
-    """Top-1 accuracy over the whole split, summed over ranks (padded samples included).
+    """Top-1 accuracy over the whole split, summed over ranks (padded samples included);
+    the top-5 goes into ``run.top5``.
 
     Every ``log_every`` batches the ranks agree on stopping (each rank has as many batches:
     the sampler pads); a stop abandons validation and returns None, so that the stop
@@ -172,22 +185,25 @@ def evaluate(run: Run, loader: DataLoader) -> float | None:
     run.heartbeat.progress(phase="validate")
     dist_utils.sync_buffers(run.env, model)
     model.eval()
-    correct = torch.zeros((), dtype=torch.int64, device=run.env.device)
+    correct = torch.zeros(2, dtype=torch.int64, device=run.env.device)  # top-1, top-5
     total = 0
     for batch, (images, labels) in enumerate(loader, start=1):
         x, y = run.inputs(images, labels, loader.dataset)  # type: ignore[misc]
         if len(y):  # no readable sample: nothing to score (no collective skipped)
             with autocast(run.env.device, run.amp_dtype):
                 logits = model(x)
-            correct += (logits.argmax(dim=1) == y).sum()
+            best = logits.topk(min(5, logits.shape[1]), dim=1).indices
+            hits = best == y[:, None]
+            correct += torch.stack([hits[:, 0].sum(), hits.any(dim=1).sum()])
             total += len(y)
         run.heartbeat.progress()
         if batch % run.cfg.log_every == 0 and stop_agreed(run):
             model.train()
             return None
-    c, t = dist_utils.all_reduce_sum(run.env, [float(correct.item()), float(total)])
+    c1, c5, t = dist_utils.all_reduce_sum(run.env, [*map(float, correct.tolist()), float(total)])
     model.train()
-    return c / max(t, 1.0)
+    run.top5 = c5 / max(t, 1.0)
+    return c1 / max(t, 1.0)
 
 
 def train_epochs(
@@ -226,5 +242,7 @@ def _validate(run: Run, loader: DataLoader, last: float | None) -> tuple[bool, f
         LOG.info("epoch %d validation abandoned: stopping", run.epoch)
         return True, last
     LOG.info("epoch %d validation accuracy %.4f", run.epoch, accuracy)
+    if run.events is not None and run.top5 is not None:
+        run.events.validation(run.step, accuracy, run.top5)
     # a signal during the last batches stops here, not after the next epoch's first steps
     return run.step < run.total_steps and stop_agreed(run), accuracy

@@ -91,9 +91,12 @@ class Heartbeat(ddpfleet_heartbeat.Beat):
         """Mark progress now: a batch fetched, a step done, a phase entered (no I/O)."""
         self._update(step=step, phase=phase, epoch=epoch)
 
-    def interval(self, loss: float, images_per_sec: float) -> None:
-        """The last log interval's all-reduced loss and total images/s (no I/O)."""
-        self._update(progress=False, loss=loss, images_per_sec=images_per_sec)
+    def interval(self, loss: float, images_per_sec: float, own: float | None = None) -> None:
+        """The last log interval's all-reduced loss and total images/s, and this rank's own
+        images/s (``rank_images_per_sec``: the agent's per-host metric) (no I/O)."""
+        self._update(
+            progress=False, loss=loss, images_per_sec=images_per_sec, rank_images_per_sec=own
+        )
 
     def set_total(self, total_steps: int) -> None:
         self._update(progress=False, total_steps=total_steps)
@@ -154,6 +157,8 @@ class Throughput:
         self.steps = 0
         self.interval_start = time.perf_counter()
         self.interval_images = 0
+        self.interval_wait = 0.0
+        self.wait_fraction = 0.0  # the last interval's share of time spent waiting for data
         self.run_start: float | None = None if warmup else time.perf_counter()
         self.run_end = 0.0
         self.run_images = 0
@@ -181,11 +186,17 @@ class Throughput:
                 self.run_start += spent
                 self.run_end += spent
 
+    def waited(self, seconds: float) -> None:
+        """Count time spent waiting for the next batch (the data loader)."""
+        self.interval_wait += seconds
+
     def interval(self) -> float:
-        """Images/s since the last call (resets the interval)."""
+        """Images/s since the last call (resets the interval; sets ``wait_fraction``)."""
         now = time.perf_counter()
-        rate = self.interval_images / max(now - self.interval_start, 1e-9)
-        self.interval_start, self.interval_images = now, 0
+        spent = max(now - self.interval_start, 1e-9)
+        rate = self.interval_images / spent
+        self.wait_fraction = min(self.interval_wait / spent, 1.0)
+        self.interval_start, self.interval_images, self.interval_wait = now, 0, 0.0
         return rate
 
     def overall(self) -> float | None:

@@ -40,6 +40,7 @@ from trainer.model import (
 )
 from trainer.resume import resume_state, start_records
 from trainer.stop import StopFlag
+from trainer.tboard import EventLog
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -132,9 +133,12 @@ def _train(
     run.inputs = InputPipeline(env.device, cfg.image_size, cfg.channels_last, cfg.max_bad_samples)
     start_batch = ckpt.restore_run(run, state) if state else 0
     heartbeat.progress(step=run.step, epoch=run.epoch)
+    hosts = [str(h) for h in dist_utils.gather_objects(env, env.host)]
     if env.is_main:
         start_records(cfg, plan)
         run.metrics = MetricsLog(out / "metrics.jsonl", start_step if state else None)
+        resumed = start_step if state else None
+        run.events = EventLog(out / "tensorboard", resumed, hosts, batches)
     LOG.info("world %d, device %s, amp %s, %d steps", env.world_size, env.device, amp_dtype, total)
     if decoding:
         LOG.info("JPEG decoding: %s", decoding)
@@ -142,6 +146,8 @@ def _train(
         run, train_loader, val_loader, start_batch, epochs, save=lambda b: ckpt.save_run(run, b)
     )
     ckpt.save_run(run, start_batch)
+    if run.events is not None:
+        run.events.close()
     if env.device.type == "cuda":
         torch.cuda.synchronize(env.device)
     rates = dist_utils.gather_objects(env, run.meter.overall())

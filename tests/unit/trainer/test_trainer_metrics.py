@@ -52,3 +52,16 @@ def test_a_pause_after_the_last_step_leaves_the_rate_as_it_was() -> None:
         time.sleep(0.1)
     assert meter.overall() == before
     assert 500 < before < 2100
+
+
+def test_data_wait_fraction_is_the_interval_s_share_of_waiting() -> None:
+    meter = Throughput(warmup=0)
+    meter.interval()  # start an interval
+    time.sleep(0.1)
+    meter.waited(0.05)  # half of it waiting for the loader
+    meter.step(10)
+    meter.interval()
+    assert 0.3 < meter.wait_fraction < 0.55
+    time.sleep(0.02)
+    meter.interval()  # the next interval starts from nothing
+    assert meter.wait_fraction == 0.0

@@ -16,6 +16,7 @@ from trainer_helpers import (
     free_port,
     read_json,
     read_metrics,
+    read_scalars,
     run_trainer,
     trainer_cmd,
     trainer_env,
@@ -62,10 +63,33 @@ def test_2rank_loss_falls(synthetic_2rank: Path) -> None:
 
 
 @pytest.mark.slow
+def test_2rank_tensorboard_event_files(synthetic_2rank: Path) -> None:
+    """Rank 0's event files, read by TensorBoard: every interval's scalars, the host's rate as
+    the sum of its ranks' (both ranks here share one host), and the validation accuracies."""
+    tags = read_scalars(synthetic_2rank / "tensorboard")
+    rows = read_metrics(synthetic_2rank)
+    for name in ("loss", "lr", "images_per_sec", "data_wait_fraction"):
+        assert [s for s, _ in tags[f"train/{name}"]] == list(range(1, 9)), name
+        assert [v for _, v in tags[f"train/{name}"]] == pytest.approx([r[name] for r in rows])
+    assert all(0 <= r["data_wait_fraction"] <= 1 for r in rows)
+    host = read_json(synthetic_2rank / "heartbeat" / "rank-0.json")["host"]
+    rates = [v for _, v in tags[f"hosts/{host}/images_per_sec"]]
+    assert rates == pytest.approx([r["images_per_sec"] for r in rows], rel=1e-3)
+    assert {v for _, v in tags[f"hosts/{host}/batch_share"]} == {1.0}
+    (step, top1), (_, top5) = tags["val/top1"][-1], tags["val/top5"][-1]
+    assert step == 8
+    assert top1 == pytest.approx(read_json(synthetic_2rank / "summary.json")["final_accuracy"])
+    assert top1 <= top5 <= 1.0
+
+
+@pytest.mark.slow
 def test_resume_reaches_the_same_parameters(synthetic_2rank: Path, tmp_path: Path) -> None:
-    """Resume from the step-4 checkpoint of the uninterrupted run: identical end state."""
+    """Resume from the step-4 checkpoint of the uninterrupted run: identical end state. The
+    run's event files go on from the checkpoint: what the first attempt logged after step 4
+    is purged, so each step shows once."""
     (tmp_path / "checkpoints").mkdir()
     shutil.copy(synthetic_2rank / "checkpoints" / "step-000000004.pt", tmp_path / "checkpoints")
+    shutil.copytree(synthetic_2rank / "tensorboard", tmp_path / "tensorboard")
     args = [*SYNTH, "--max-steps", "8", "--checkpoint-every", "4", "--keep-checkpoints", "5"]
     proc = run_trainer([*args, "--output-dir", str(tmp_path)], nproc=2)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -78,6 +102,8 @@ def test_resume_reaches_the_same_parameters(synthetic_2rank: Path, tmp_path: Pat
     a = torch.load(tmp_path / "checkpoints" / "step-000000008.pt", weights_only=True)["model"]
     b = torch.load(synthetic_2rank / "checkpoints" / "step-000000008.pt", weights_only=True)
     assert all(torch.equal(a[k], b["model"][k]) for k in a)  # buffers too: exact, 0 tolerance
+    assert len(list((tmp_path / "tensorboard").iterdir())) == 2  # one file per attempt
+    assert [s for s, _ in read_scalars(tmp_path / "tensorboard")["train/loss"]] == list(range(1, 9))
 
 
 @pytest.mark.slow

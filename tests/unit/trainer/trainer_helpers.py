@@ -54,6 +54,16 @@ def read_metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def read_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar tag of a TensorBoard log directory, read by TensorBoard's own reader (which
+    applies a resumed writer's purge): {tag: [(step, value), ...]}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(directory))
+    acc.Reload()
+    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+
 def wait_for_step(heartbeat: Path, step: int, proc: subprocess.Popen, timeout: float = 180) -> None:
     """Until the rank's heartbeat file reports ``step`` (or the process ends, or time is up)."""
     deadline = time.time() + timeout
