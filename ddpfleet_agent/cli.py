@@ -39,6 +39,8 @@ class AgentConfig:
     program: str = ""  # a user's program: node rank 0 writes summary.json for it at the end
     world_size: int = 0
     straggler_ratio: float = 0.9
+    metrics_host: str = ""  # the Prometheus endpoint's address and port ('': none)
+    metrics_port: int = 0
     tick: float = 0.5  # seconds between supervision rounds
     settle: float = 2.0  # seconds to watch the peers before naming the cause of an exit
 
@@ -114,7 +116,19 @@ def _parser() -> argparse.ArgumentParser:
         default=0.9,
         help="report.txt flags a rank below this fraction of the median img/s",
     )
+    p.add_argument(
+        "--metrics",
+        default="",
+        help="ADDR:PORT of this agent's Prometheus endpoint (empty: none)",
+    )
     return p
+
+
+def _address(flag: str, value: str) -> tuple[str, int]:
+    addr, _, port = value.rpartition(":")
+    if not addr or not port.isdigit() or not 0 < int(port) < 65536:
+        raise BadAgentInput(f"{flag} must be ADDR:PORT, not {value!r}")
+    return addr.strip("[]"), int(port)
 
 
 def parse_args(argv: list[str]) -> AgentConfig:
@@ -133,9 +147,8 @@ def parse_args(argv: list[str]) -> AgentConfig:
         raise BadAgentInput(f"--node-rank {ns.node_rank} does not name {ns.host} in --hosts")
     if not RUN_ID_RE.match(ns.run_id) or ns.run_id in (".", ".."):
         raise BadAgentInput(f"invalid --run-id {ns.run_id!r}")
-    addr, _, port = ns.store.rpartition(":")
-    if not addr or not port.isdigit() or not 0 < int(port) < 65536:
-        raise BadAgentInput(f"--store must be ADDR:PORT, not {ns.store!r}")
+    store_host, store_port = _address("--store", ns.store)
+    metrics_host, metrics_port = _address("--metrics", ns.metrics) if ns.metrics else ("", 0)
     if not (math.isfinite(ns.dump_timeout) and 0 <= ns.dump_timeout <= 60):
         raise BadAgentInput("--dump-timeout must be from 0 to 60")
     if not 0 <= ns.straggler_ratio <= 1:
@@ -152,8 +165,8 @@ def parse_args(argv: list[str]) -> AgentConfig:
         host=ns.host,
         node_rank=ns.node_rank,
         hosts=hosts,
-        store_host=addr.strip("[]"),
-        store_port=int(port),
+        store_host=store_host,
+        store_port=store_port,
         command=command,
         key_file=ns.key_file,
         peer_timeout=ns.peer_timeout,
@@ -168,4 +181,6 @@ def parse_args(argv: list[str]) -> AgentConfig:
         program=ns.program,
         world_size=max(ns.world_size, 0),
         straggler_ratio=ns.straggler_ratio,
+        metrics_host=metrics_host,
+        metrics_port=metrics_port,
     )

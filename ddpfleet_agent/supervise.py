@@ -40,6 +40,7 @@ class Agent(Ending):
         self.store_ok = True
         self.last_progress = 0.0
         self.first_train: tuple[float, int] | None = None
+        self.beats: dict[int, dict] = {}  # the ranks' heartbeats as last read (the metrics)
 
     # --- small helpers ----------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -64,7 +65,8 @@ class Agent(Ending):
             return failure
 
     def _record(self, state: str) -> dict:
-        return {"state": state, "ranks": rank_views(self.ranks.heartbeats(), time.time())}
+        self.beats = self.ranks.heartbeats()
+        return {"state": state, "ranks": rank_views(self.beats, time.time())}
 
     # --- the loop -----------------------------------------------------------------------
     def run(self) -> int:
@@ -110,9 +112,19 @@ class Agent(Ending):
             )
             self.store_ok = False
             return self._finish("failed", 1)
+        if cfg.metrics_port and (why := self._serve_metrics()):
+            self.say(why)  # the run goes on without its metrics
         self.ranks.start(self.child_env)
         outcome, code = self._supervise()
         return self._finish(outcome, code)
+
+    def _serve_metrics(self) -> str:
+        """Start the Prometheus endpoint; why not, in one line ('' when it serves)."""
+        try:  # a user's image (train_program) may lack prometheus_client
+            from ddpfleet_agent import exporter  # noqa: PLC0415
+        except ImportError as exc:
+            return f"no metrics endpoint: {exc}"
+        return exporter.serve(self)
 
     def _supervise(self) -> tuple[str, int]:
         cfg = self.cfg

@@ -85,6 +85,8 @@ def overrides_yaml(settings: Settings, mode: str, trainer_base: str, archive: st
         # sandbox's own preflight already sized for the whole cluster; once the training
         # image is on all nodes, the per-node 20 GB default would refuse a re-run.
         "preflight_min_free_gb": "8",
+        # The sandbox's runs last a minute or two: scrape often enough to draw them.
+        "monitoring_scrape_interval": "5s",
         **DEMO_TRAINING,
     }
     body = "".join(f"{key}: {value}\n" for key, value in values.items())

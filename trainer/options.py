@@ -153,6 +153,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
         Option("train_heartbeat_timeout", "int", 300, "Seconds a rank may go frozen (its heartbeat thread silent) or, in training or validation, without progress before the agents fail the run; data-set scans, validation and checkpoint saves keep beating.", 5, WEEK),
         Option("train_peer_timeout", "int", 60, "Seconds without a peer agent's keepalive before that host counts as failed (at least 5).", 5, WEEK),
         Option("train_agent_port", "int", 0, "Port of the agents' TCPStore on rank 0's cluster_ip (0: train_master_port + 1); must be free there and reachable from every host.", 0, PORT),
+        Option("train_metrics_port", "int", 0, "Port of each host's run agent's Prometheus endpoint (/metrics on its cluster_ip: steps, img/s, loss, heartbeat ages, GPUs) while the run goes (0: train_master_port + 2); must be free on every host.", 0, PORT),
         Option("train_follow", "bool", True, "Follow the run until it ends and report it (false: train.yml returns right after the launch; follow the run with status.yml)."),
         Option("train_poll_interval", "int", 5, "Seconds between train.yml's reads of the run directory while it follows a run (one progress line when the step changed).", 1, HOUR),
         Option("train_max_runtime", "int", 604800, "The agents fail the run if it is still going after this many seconds (default: 7 days).", 60, 366 * DAY),

@@ -95,6 +95,12 @@ def placement_problem(values: Mapping, trainers: list[str], shared_mount: str) -
             f"train_master_port {port} and the agent port {agent} must be two different ports "
             "up to 65535 (train_agent_port 0 means train_master_port + 1)"
         )
+    metrics = int(finite(values["train_metrics_port"]) or 0) or port + 2
+    if metrics > 65535 or metrics in (port, agent):
+        return (
+            f"the metrics port {metrics} must differ from train_master_port {port} and the agent "
+            f"port {agent}, up to 65535 (train_metrics_port 0 means train_master_port + 2)"
+        )
     return ""
 
 

@@ -9,21 +9,32 @@ down within 15 s with nobody following, the failure names that host and rank, an
 status.yml reports it later; an ImageFolder run whose validation outlasts the heartbeat timeout
 is stopped during validation, keeps the trainer's checkpoint, and resumes from it (a second
 train.yml attaches to it while it runs; status.yml and stop.yml take forensics bundles of it
-with -e dump=true, and it goes on after the first); every bad input is refused with one line before
-anything starts. Prints launch-to-first-step and teardown.
+with -e dump=true, and it goes on after the first; every host's run agent serves its Prometheus
+metrics while it runs, and the TensorBoard curves go on across the resume); every bad input
+(a busy rendezvous or metrics port too) is refused with one line before anything starts.
+Prints launch-to-first-step and teardown.
 """
 
 from __future__ import annotations
 
+import base64
 import calendar
+import contextlib
+import io
 import json
 import re
 import subprocess
+import tarfile
 import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from site_fixtures import PlaybookRun, parse_recap, run_site
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from train_fixtures import FAST, SHARED, STAMP, run_id
 
 TEARDOWN_LIMIT_S = 15
@@ -123,6 +134,37 @@ def wait_for(  # noqa: PLR0917 - a test helper: sandbox, run, process, then what
 
 def wait_for_step(sandbox: Any, rid: str, step: int, proc: subprocess.Popen[str]) -> None:
     wait_for(sandbox, rid, proc, step=step)
+
+
+METRICS_PORT = 29502  # train_master_port's default + 2: train_metrics_port's default
+
+
+def scrape_metrics(node: Any, timeout: float = 60) -> dict[str, list[tuple[dict, float]]]:
+    """One scrape of the node's run agent ({sample: [(labels, value)]}, parsed by
+    prometheus_client), once it reports the host's img/s (after the first log interval)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found: dict[str, list[tuple[dict, float]]] = {}
+        with contextlib.suppress(OSError):
+            url = f"http://{node.ip}:{METRICS_PORT}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as reply:
+                for family in text_string_to_metric_families(reply.read().decode()):
+                    for s in family.samples:
+                        found.setdefault(s.name, []).append((s.labels, s.value))
+        if "ddpfleet_host_images_per_second" in found or time.monotonic() > deadline:
+            return found
+        time.sleep(1)
+
+
+def tensorboard_scalars(sandbox: Any, rid: str, into: Path) -> dict:
+    """The run's TensorBoard event files, copied here and read by TensorBoard's reader."""
+    packed = sandbox.ssh(sandbox.nodes[0], f"tar -C {SHARED}/runs/{rid} -cf - tensorboard | base64")
+    assert packed.returncode == 0, packed.stderr
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(packed.stdout))) as tar:
+        tar.extractall(into, filter="data")
+    acc = EventAccumulator(str(into / "tensorboard"))
+    acc.Reload()
+    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
 
 
 def launch_to_first_step(sandbox: Any, rid: str) -> float:
@@ -426,6 +468,7 @@ def stopped(cluster: Any, long_val: str) -> dict:
     attached = None
     try:
         wait_for_step(cluster, rid, 1, proc)
+        metrics = {node.name: scrape_metrics(node) for node in cluster.nodes}
         # status.yml with a forensics bundle of the live run, which goes on (attached below)
         status = run_site(cluster, "-e", f"run_id={rid}", "-e", "dump=true", playbook="status.yml")
         attached = start_train(cluster, rid)
@@ -440,7 +483,18 @@ def stopped(cluster: Any, long_val: str) -> dict:
     print(f"\nstop.yml during validation (step {at.get('step')}): {stop.wall_s:.1f} s")
     return {"rid": rid, "status": status, "stop": stop, "train_rc": proc.returncode,
             "train_out": out, "attached_rc": attached.returncode, "attached_out": attached_out,
-            "args": args}  # fmt: skip
+            "args": args, "metrics": metrics}  # fmt: skip
+
+
+def test_every_agent_serves_its_hosts_metrics_while_the_run_goes(stopped: dict) -> None:
+    for node, found in stopped["metrics"].items():
+        assert found, f"no metrics from {node}:{METRICS_PORT}"
+        (info,) = [labels for labels, _ in found["ddpfleet_run_info"]]
+        assert (info["run_id"], info["host"]) == (stopped["rid"], node)
+        (rate,) = [v for _, v in found["ddpfleet_host_images_per_second"]]
+        assert rate > 0
+        assert next(v for _, v in found["ddpfleet_rank_step"]) >= 1
+        assert next(v for _, v in found["ddpfleet_rank_heartbeat_age_seconds"]) < 10
 
 
 def test_status_of_a_running_run(stopped: dict, cluster: Any) -> None:
@@ -507,6 +561,21 @@ def test_train_resumes_a_stopped_run(stopped: dict, resumed: PlaybookRun, cluste
     # the image's region JPEG decoder did the decoding (built in the Dockerfile's jpeg stage)
     assert data["decode"] == "cpu"
     assert data["jpeg_region_decoder"] is True
+
+
+def test_tensorboard_curves_go_on_across_the_resume(
+    stopped: dict, resumed: PlaybookRun, cluster: Any, tmp_path: Path
+) -> None:
+    assert resumed.rc == 0, resumed.tail()
+    tags = tensorboard_scalars(cluster, stopped["rid"], tmp_path)
+    for name in ("loss", "lr", "images_per_sec", "data_wait_fraction"):
+        assert [step for step, _ in tags[f"train/{name}"]] == list(range(1, 9)), name
+    assert [step for step, _ in tags["val/top1"]] == [8]  # epoch 0's was cut by the stop
+    for node in cluster.nodes:
+        assert {v for _, v in tags[f"hosts/{node.hostname}/batch_share"]} == {
+            pytest.approx(1 / len(cluster.nodes))
+        }
+        assert all(v > 0 for _, v in tags[f"hosts/{node.hostname}/images_per_sec"])
 
 
 def validation_seconds(cluster: Any, rid: str) -> float:
@@ -576,11 +645,11 @@ def test_missing_or_invalid_run_id_is_refused(cluster: Any, args, message) -> No
     assert "Read the run's state" not in run.stdout
 
 
-def test_busy_rendezvous_port_is_refused(cluster: Any) -> None:
-    rid = run_id("busy")
-    port = 29555
+@contextlib.contextmanager
+def port_held(cluster: Any, node: Any, port: int) -> Iterator[None]:
+    """A process listening on ``port`` of ``node`` (0.0.0.0) for the time of the block."""
     holder = cluster.ssh(
-        cluster.nodes[0],
+        node,
         "nohup python3 -c 'import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,"
         f' socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", {port})); s.listen(); time.sleep(60)\' '
         ">/dev/null 2>&1 & echo $!",
@@ -588,9 +657,24 @@ def test_busy_rendezvous_port_is_refused(cluster: Any) -> None:
     assert holder.returncode == 0, holder.stderr
     try:
         time.sleep(1)
-        run = train(cluster, rid, "-e", f"train_master_port={port}")
+        yield
     finally:
-        cluster.ssh(cluster.nodes[0], f"kill {holder.stdout.strip()}")
+        cluster.ssh(node, f"kill {holder.stdout.strip()}")
+
+
+@pytest.mark.parametrize(
+    ("node", "option", "port", "message"),
+    [
+        (0, "train_master_port", 29555, "rendezvous port 29555 is busy on node1"),
+        (1, "train_metrics_port", 29556, "metrics port 29556 is busy on node2"),
+    ],
+)
+def test_a_busy_port_is_refused(
+    cluster: Any, node: int, option: str, port: int, message: str
+) -> None:
+    rid = run_id(f"busy{node}")
+    with port_held(cluster, cluster.nodes[node], port):
+        run = train(cluster, rid, "-e", f"{option}={port}")
     assert run.rc != 0
-    assert f"rendezvous port {port} is busy on node1" in run.stdout, run.tail()
+    assert message in run.stdout, run.tail()
     assert containers(cluster, rid) == {}

@@ -166,6 +166,25 @@ def test_the_two_ports_must_differ_and_fit(master, agent, shown):
     )
 
 
+@pytest.mark.parametrize(
+    ("master", "agent", "metrics", "shown"),
+    [(29500, 0, 29501, "29501"), (29500, 0, 29500, "29500"), (65534, 65533, 0, "65536")],
+)
+def test_the_metrics_port_must_differ_from_both_and_fit(master, agent, metrics, shown):
+    found = check(
+        train_synthetic=True,
+        train_master_port=master,
+        train_agent_port=agent,
+        train_metrics_port=metrics,
+    )
+    assert found == (
+        f"the metrics port {shown} must differ from train_master_port {master} and the agent "
+        f"port {agent or master + 1}, up to 65535 (train_metrics_port 0 means "
+        "train_master_port + 2)"
+    )
+    assert check(train_synthetic=True, train_master_port=master, train_metrics_port=9100) == ""
+
+
 def test_a_value_with_a_line_break_is_shown_on_one_line():
     assert check(train_synthetic=True, train_master_host="a\nb") == (
         "train_master_host a\\nb is not in the trainers group"

@@ -61,7 +61,8 @@ def beat():
     while beating[0]:
         rec = {"rank": rank, "local_rank": 0, "pid": os.getpid(), "host": "h", "time": time.time(),
                "step": state["step"], "total_steps": 1000, "epoch": 0, "phase": state["phase"],
-               "progress_time": state["progress_time"], "loss": 1.5, "images_per_sec": 10.0}
+               "progress_time": state["progress_time"], "loss": 1.5, "images_per_sec": 10.0,
+               "rank_images_per_sec": 4.0 + rank}
         tmp = os.path.join(hb_dir, f".rank-{rank}.tmp")
         with open(tmp, "w") as fh:
             json.dump(rec, fh)
@@ -126,6 +127,7 @@ class Cluster:
         (tmp / "rank.py").write_text(RANK)
         self.options = {"peer-timeout": 4, "heartbeat-timeout": 4, "stop-timeout": 5, **options}
         self.procs: list[subprocess.Popen[str]] = []
+        self.metrics_ports: list[int] = []  # node n's --metrics 127.0.0.1:<port>, if given
         self.tmpdir = tmp / "tmp"
         self.tmpdir.mkdir()
         self.key = os.urandom(32).hex().encode()  # the run's secret, as train.yml makes it
@@ -149,6 +151,8 @@ class Cluster:
                     "--attempt", "a1", "--key-file", str(self.key_file)]  # fmt: skip
             for name, value in self.options.items():
                 args += [f"--{name}", str(value)]
+            if self.metrics_ports:
+                args += ["--metrics", f"127.0.0.1:{self.metrics_ports[node]}"]
             args += ["--", sys.executable, str(self.tmp / "launcher.py"), str(node)]
             env = {**os.environ, "FAKE_RANK": str(self.tmp / "rank.py"), "PYTHONPATH": str(ROOT)}
             env["TMPDIR"] = str(self.tmpdir)  # where the agents keep their heartbeat files

@@ -1,0 +1,152 @@
+"""The agent's Prometheus endpoint (``--metrics ADDR:PORT``): this host's ranks as the agent
+last read their heartbeats, and this host's GPUs through NVML where there are any.
+
+Served by prometheus_client's HTTP server in a daemon thread, on the host's cluster address
+only; every scrape reads the agent's latest heartbeats (one supervision tick old at most), so a
+rank that stops beating shows as a growing heartbeat age, and a host that is gone as a target
+that is down, never as a stale value. Names follow Prometheus' conventions: ``ddpfleet_``,
+base units in the name (seconds, bytes, ratio, per_second), labels of low cardinality (rank,
+gpu, phase); the run's identity is one info metric, joinable on the target's labels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from ddpfleet_agent.supervise import Agent
+
+PHASES = ("start", "scan", "train", "validate", "checkpoint", "done")
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+# name (after ddpfleet_): help, labels
+GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "rank_step": ("Optimizer steps the rank has finished.", ("rank",)),
+    "rank_total_steps": ("Optimizer steps the run will take.", ("rank",)),
+    "rank_heartbeat_age_seconds": ("Seconds since the rank's heartbeat thread wrote.", ("rank",)),
+    "rank_progress_age_seconds": ("Seconds since the rank last made progress.", ("rank",)),
+    "rank_phase": ("1 for the phase the rank is in, 0 for the others.", ("rank", "phase")),
+    "host_images_per_second": ("Training images/s of this host's ranks (last log interval).", ()),
+    "run_loss": ("The run's mean training loss over the last log interval.", ()),
+    "run_images_per_second": ("Training images/s of all ranks (last log interval).", ()),
+    "run_attempt_start_time_seconds": ("When this attempt's ranks started (Unix time).", ()),
+    "gpu_utilization_ratio": ("Share of the last sample period a kernel ran on the GPU.", ("gpu",)),
+    "gpu_memory_used_bytes": ("GPU memory in use.", ("gpu",)),
+    "gpu_memory_total_bytes": ("GPU memory in all.", ("gpu",)),
+    "gpu_temperature_celsius": ("GPU core temperature.", ("gpu",)),
+}
+
+
+def _gauge(name: str) -> GaugeMetricFamily:
+    doc, labels = GAUGES[name]
+    return GaugeMetricFamily(f"ddpfleet_{name}", doc, labels=list(labels))
+
+
+def rank_metrics(beats: dict[int, dict], now: float) -> Iterator[Metric]:
+    """Per rank: step, heartbeat and progress ages, phase; per host: the ranks' own img/s
+    summed; per run: the last interval's loss and total img/s (the ranks agree on them)."""
+    step = _gauge("rank_step")
+    total = _gauge("rank_total_steps")
+    live = _gauge("rank_heartbeat_age_seconds")
+    moved = _gauge("rank_progress_age_seconds")
+    phase = _gauge("rank_phase")
+    own = [_number(b.get("rank_images_per_sec")) for b in beats.values()]
+    for rank, beat in sorted(beats.items()):
+        label = [str(rank)]
+        step.add_metric(label, _number(beat.get("step")) or 0.0)
+        total.add_metric(label, _number(beat.get("total_steps")) or 0.0)
+        for family, key in ((live, "time"), (moved, "progress_time")):
+            stamp = _number(beat.get(key))
+            if stamp is not None:
+                family.add_metric(label, max(now - stamp, 0.0))
+        current = str(beat.get("phase") or "start")
+        for name in (*PHASES, *(() if current in PHASES else (current,))):
+            phase.add_metric([*label, name], float(name == current))
+    yield from (step, total, live, moved, phase)
+    if own and all(r is not None for r in own):
+        host = _gauge("host_images_per_second")
+        host.add_metric([], sum(own))  # type: ignore[arg-type]
+        yield host
+    for key, name in (("loss", "run_loss"), ("images_per_sec", "run_images_per_second")):
+        values = [_number(b.get(key)) for _, b in sorted(beats.items())]
+        known = [v for v in values if v is not None]
+        if known:
+            family = _gauge(name)
+            family.add_metric([], known[0])
+            yield family
+
+
+class Gpus:
+    """This host's GPUs through NVML (nvidia-ml-py); nothing where NVML does not load.
+    Verified only on GPU hosts."""
+
+    def __init__(self) -> None:
+        self.nvml: Any = None
+        with contextlib.suppress(Exception):  # no library, no driver, no device: no GPU metrics
+            import pynvml  # noqa: PLC0415 - only where an agent serves metrics
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+
+    def collect(self) -> Iterator[Metric]:
+        nvml = self.nvml
+        if nvml is None:
+            return
+        util = _gauge("gpu_utilization_ratio")
+        used = _gauge("gpu_memory_used_bytes")
+        size = _gauge("gpu_memory_total_bytes")
+        temp = _gauge("gpu_temperature_celsius")
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle, label = nvml.nvmlDeviceGetHandleByIndex(index), [str(index)]
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            util.add_metric(label, nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0)
+            used.add_metric(label, float(memory.used))
+            size.add_metric(label, float(memory.total))
+            celsius = nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+            temp.add_metric(label, float(celsius))
+        yield from (util, used, size, temp)
+
+
+class RunCollector:
+    """What one scrape of an agent returns (prometheus_client's custom collector)."""
+
+    def __init__(self, agent: Agent, gpus: Gpus | None = None):
+        self.agent = agent
+        self.gpus = gpus or Gpus()
+
+    def collect(self) -> Iterator[Metric]:
+        cfg = self.agent.cfg
+        info = InfoMetricFamily("ddpfleet_run", "The run this agent supervises.")
+        info.add_metric([], {"run_id": cfg.run_id, "host": cfg.host, "attempt": cfg.attempt,
+                             "node_rank": str(cfg.node_rank)})  # fmt: skip
+        yield info
+        started = self.agent.ranks.started
+        if started:
+            began = _gauge("run_attempt_start_time_seconds")
+            began.add_metric([], started)
+            yield began
+        yield from rank_metrics(dict(self.agent.beats), time.time())
+        yield from self.gpus.collect()
+
+
+def serve(agent: Agent) -> str:
+    """Start the endpoint of ``agent.cfg.metrics``; '' when serving, else why not (one line:
+    the run goes on without it)."""
+    cfg = agent.cfg
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunCollector(agent))
+    try:
+        start_http_server(cfg.metrics_port, cfg.metrics_host, registry)
+    except OSError as exc:
+        return f"metrics endpoint {cfg.metrics_host}:{cfg.metrics_port} not started ({exc})"
+    return ""
