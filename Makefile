@@ -13,7 +13,7 @@ RUN_ID ?= demo
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv host-deps lint generate format unit test-gpu check e2e test infra sandbox sandbox-down demo bench bench-decode bench-balance clean
+.PHONY: help venv host-deps lint generate format unit test-gpu check e2e test tensorboard infra sandbox sandbox-down demo bench bench-decode bench-balance clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -60,7 +60,8 @@ check: lint unit ## Fast inner loop: lint + unit tests
 host-deps: ## Make sure a Docker engine and debootstrap are there (installs them on a bare Debian host as root)
 	bash sandbox/host-deps.sh
 
-e2e: $(STAMP) host-deps ## End-to-end tier on the sandbox cluster (needs a Docker engine)
+e2e: $(STAMP) host-deps ## End-to-end tier on the sandbox cluster (needs a Docker engine; installs chromium for the console page)
+	bash tools/browser-deps.sh
 	$(BIN)/python -m pytest tests/e2e --durations=40
 
 # The tiers run one after another: with the unit tier beside the e2e tier's first site.yml on 2
@@ -72,6 +73,11 @@ test: ## Every test tier (what CI runs): lint, unit, e2e, each tier's time print
 		$(MAKE) --no-print-directory $$tier || { echo "make test: tier $$tier failed after $$(( $$(date +%s) - start )) s"; exit 1; }; \
 		echo "make test: tier $$tier took $$(( $$(date +%s) - start )) s"; \
 	done
+
+tensorboard: $(STAMP) ## Serve a run's TensorBoard curves on the controller: make tensorboard RUN=<id> [PORT=6006]
+	@test -n "$(RUN)" || { echo "make tensorboard: give the run, e.g. make tensorboard RUN=1234" >&2; exit 2; }
+	$(BIN)/ansible-playbook -i $(INVENTORY) tensorboard.yml -e run_id=$(RUN)
+	$(BIN)/tensorboard --logdir .cache/tensorboard/$(RUN) --host 127.0.0.1 --port $(or $(PORT),6006)
 
 infra: $(STAMP) ## testinfra node checks against INVENTORY (default: the sandbox)
 	$(BIN)/python -m pytest tests/infra --hosts=ansible://all --ansible-inventory=$(INVENTORY)

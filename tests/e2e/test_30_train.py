@@ -17,15 +17,14 @@ Prints launch-to-first-step and teardown.
 
 from __future__ import annotations
 
-import base64
 import calendar
 import contextlib
-import io
 import json
 import re
+import shutil
 import subprocess
-import tarfile
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,15 +155,43 @@ def scrape_metrics(node: Any, timeout: float = 60) -> dict[str, list[tuple[dict,
         time.sleep(1)
 
 
-def tensorboard_scalars(sandbox: Any, rid: str, into: Path) -> dict:
-    """The run's TensorBoard event files, copied here and read by TensorBoard's reader."""
-    packed = sandbox.ssh(sandbox.nodes[0], f"tar -C {SHARED}/runs/{rid} -cf - tensorboard | base64")
-    assert packed.returncode == 0, packed.stderr
-    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(packed.stdout))) as tar:
-        tar.extractall(into, filter="data")
-    acc = EventAccumulator(str(into / "tensorboard"))
-    acc.Reload()
-    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+PROMETHEUS_PORT = 9090  # monitoring_prometheus_port's default, on the registry host (node1)
+
+
+def prometheus(sandbox: Any, path: str, **params: object) -> list[dict]:
+    """The result of one call of Prometheus' HTTP API on node1."""
+    query = urllib.parse.urlencode(params)
+    url = f"http://{sandbox.nodes[0].ip}:{PROMETHEUS_PORT}/api/v1/{path}?{query}"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return json.load(reply)["data"]["result"]
+
+
+def prometheus_rates(sandbox: Any, rid: str, timeout: float = 60) -> dict[str, float]:
+    """Each host's img/s of the run as Prometheus has it, once it has every host's."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = prometheus(
+            sandbox, "query", query=f'ddpfleet_host_images_per_second{{run_id="{rid}"}}'
+        )
+        found = {r["metric"]["host"]: float(r["value"][1]) for r in rows}
+        if len(found) == len(sandbox.nodes) or time.monotonic() > deadline:
+            return found
+        time.sleep(2)
+
+
+def tensorboard_scalars(sandbox: Any, rid: str) -> dict:
+    """The run's TensorBoard event files, fetched by tensorboard.yml (what `make tensorboard`
+    serves) and read by TensorBoard's own reader; the copy is removed afterwards."""
+    fetched = run_site(sandbox, "-e", f"run_id={rid}", playbook="tensorboard.yml")
+    assert fetched.rc == 0, fetched.tail()
+    copy = sandbox.root / ".cache" / "tensorboard" / rid
+    try:
+        acc = EventAccumulator(str(copy))
+        acc.Reload()
+        return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+        (copy.parent / f"{rid}.tar.gz").unlink(missing_ok=True)
 
 
 def launch_to_first_step(sandbox: Any, rid: str) -> float:
@@ -469,6 +496,7 @@ def stopped(cluster: Any, long_val: str) -> dict:
     try:
         wait_for_step(cluster, rid, 1, proc)
         metrics = {node.name: scrape_metrics(node) for node in cluster.nodes}
+        rates = prometheus_rates(cluster, rid)
         # status.yml with a forensics bundle of the live run, which goes on (attached below)
         status = run_site(cluster, "-e", f"run_id={rid}", "-e", "dump=true", playbook="status.yml")
         attached = start_train(cluster, rid)
@@ -483,7 +511,7 @@ def stopped(cluster: Any, long_val: str) -> dict:
     print(f"\nstop.yml during validation (step {at.get('step')}): {stop.wall_s:.1f} s")
     return {"rid": rid, "status": status, "stop": stop, "train_rc": proc.returncode,
             "train_out": out, "attached_rc": attached.returncode, "attached_out": attached_out,
-            "args": args, "metrics": metrics}  # fmt: skip
+            "args": args, "metrics": metrics, "prometheus_rates": rates}  # fmt: skip
 
 
 def test_every_agent_serves_its_hosts_metrics_while_the_run_goes(stopped: dict) -> None:
@@ -495,6 +523,16 @@ def test_every_agent_serves_its_hosts_metrics_while_the_run_goes(stopped: dict) 
         assert rate > 0
         assert next(v for _, v in found["ddpfleet_rank_step"]) >= 1
         assert next(v for _, v in found["ddpfleet_rank_heartbeat_age_seconds"]) < 10
+
+
+def test_prometheus_has_every_host_s_rate_while_the_run_goes(stopped: dict, cluster: Any) -> None:
+    rates = stopped["prometheus_rates"]
+    assert sorted(rates) == sorted(node.name for node in cluster.nodes), rates
+    assert all(rate > 0 for rate in rates.values()), rates
+    exporters = prometheus(cluster, "query", query='up{job="node"}')
+    assert sorted((r["metric"]["host"], r["value"][1]) for r in exporters) == [
+        (node.name, "1") for node in cluster.nodes
+    ]
 
 
 def test_status_of_a_running_run(stopped: dict, cluster: Any) -> None:
@@ -564,10 +602,10 @@ def test_train_resumes_a_stopped_run(stopped: dict, resumed: PlaybookRun, cluste
 
 
 def test_tensorboard_curves_go_on_across_the_resume(
-    stopped: dict, resumed: PlaybookRun, cluster: Any, tmp_path: Path
+    stopped: dict, resumed: PlaybookRun, cluster: Any
 ) -> None:
     assert resumed.rc == 0, resumed.tail()
-    tags = tensorboard_scalars(cluster, stopped["rid"], tmp_path)
+    tags = tensorboard_scalars(cluster, stopped["rid"])
     for name in ("loss", "lr", "images_per_sec", "data_wait_fraction"):
         assert [step for step, _ in tags[f"train/{name}"]] == list(range(1, 9)), name
     assert [step for step, _ in tags["val/top1"]] == [8]  # epoch 0's was cut by the stop
@@ -576,6 +614,42 @@ def test_tensorboard_curves_go_on_across_the_resume(
             pytest.approx(1 / len(cluster.nodes))
         }
         assert all(v > 0 for _, v in tags[f"hosts/{node.hostname}/images_per_sec"])
+
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"  # kept by CI (README)
+
+
+def chromium(*args: str) -> str:
+    """Debian's headless Chromium (as root: without its sandbox); its stdout."""
+    cmd = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+           "--virtual-time-budget=10000", *args]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_console_page_draws_the_run_in_a_browser(
+    stopped: dict, resumed: PlaybookRun, cluster: Any
+) -> None:
+    """The page Prometheus serves, rendered by a real browser (its JavaScript asks Prometheus'
+    API): one curve per host and the loss; the screenshot is kept for a person to look at."""
+    assert resumed.rc == 0, resumed.tail()
+    rid = stopped["rid"]
+    url = f"http://{cluster.nodes[0].ip}:{PROMETHEUS_PORT}/consoles/ddpfleet.html?run_id={rid}"
+    dom = chromium("--dump-dom", url)
+    assert f"ddpfleet run {rid}" in dom
+    assert "error:" not in dom, dom[-3000:]
+    assert "no samples yet" not in dom, dom[-3000:]
+    rate_chart = dom[dom.index('id="rate"') : dom.index('id="loss"')]
+    for node in cluster.nodes:
+        assert f">{node.name}</text>" in rate_chart  # its legend entry
+    assert rate_chart.count("<path") == len(cluster.nodes)
+    assert dom[dom.index('id="loss"') :].count("<path") == 1
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "console.png"
+    chromium(f"--screenshot={shot}", "--window-size=1000,760", url)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert shot.stat().st_size > 20_000
 
 
 def validation_seconds(cluster: Any, rid: str) -> float:

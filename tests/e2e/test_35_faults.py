@@ -26,6 +26,7 @@ from test_30_train import (
     bundle,
     containers,
     progress,
+    prometheus,
     run_file,
     run_id,
     summary,
@@ -83,6 +84,7 @@ def cut_off(cluster: Any) -> dict:
     victim = cluster.nodes[2]
     launch(cluster, rid, "-e", f"train_peer_timeout={PEER_TIMEOUT}")
     drop_peers(cluster, victim, "-I")
+    cut_at = time.time()
     try:
         gone = wait_gone(cluster, rid, cluster.nodes[:2], PEER_TIMEOUT + LIMIT)
         print(f"\nnode cut off -> the other hosts' containers gone: {gone:.1f} s")
@@ -91,7 +93,7 @@ def cut_off(cluster: Any) -> dict:
             time.sleep(1)
     finally:
         drop_peers(cluster, victim, "-D")
-    return {"rid": rid, "victim": victim, "gone_s": gone}
+    return {"rid": rid, "victim": victim, "gone_s": gone, "cut_at": cut_at}
 
 
 def test_cut_off_node_brings_the_others_down_within_peer_timeout(cut_off: dict) -> None:
@@ -114,6 +116,18 @@ def test_cut_off_node_bundle_has_every_reachable_ranks_stacks(cluster: Any, cut_
     assert victim not in {r["host"] for r in index["ranks"]}
     assert all(r["where"] and not r["error"] for r in index["ranks"]), index
     assert f"of {victim}: no stacks" in data["diagnosis"]
+
+
+def test_prometheus_shows_the_cut_off_host_down_not_stale(cluster: Any, cut_off: dict) -> None:
+    """Prometheus (on node1) lost the cut-off host's agent while it still had the others':
+    that target's `up` went to 0 during the cut (its last img/s was not carried on)."""
+    victim, span = cut_off["victim"].name, {"start": cut_off["cut_at"], "step": 1}
+    rows = prometheus(cluster, "query_range", query=f'up{{run_id="{cut_off["rid"]}"}}',
+                      end=cut_off["cut_at"] + cut_off["gone_s"], **span)  # fmt: skip
+    ups = {r["metric"]["host"]: dict(r["values"]) for r in rows}
+    down = [t for t, v in ups[victim].items() if v == "0"]
+    assert down, ups
+    assert ups[cluster.nodes[0].name].get(down[0]) == "1", ups  # the others were still up
 
 
 def test_cut_off_node_ends_its_own_container(cluster: Any, cut_off: dict) -> None:

@@ -29,6 +29,10 @@ ROLE_DEFAULTS: dict[str, Any] = {
     "registry_smoke_repository": "ddpfleet/smoke",
     "registry_port": 5000,
     "registry_cert_renew_days": 30,
+    "monitoring_prometheus_port": 9090,
+    "monitoring_node_exporter_port": 9100,
+    "monitoring_retention_time": "15d",
+    "monitoring_retention_size": "2GB",
 }
 
 _RENDERED: dict[tuple[str, str], Any] = {}
