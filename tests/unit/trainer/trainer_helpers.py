@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
 TINY = ["--image-size", "32", "--batch-size", "2", "--workers", "0", "--log-every", "1"]
 
 
@@ -57,8 +59,6 @@ def read_metrics(out: Path) -> list[dict]:
 def read_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar tag of a TensorBoard log directory, read by TensorBoard's own reader (which
     applies a resumed writer's purge): {tag: [(step, value), ...]}."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     acc = EventAccumulator(str(directory))
     acc.Reload()
     return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
