@@ -166,19 +166,6 @@ def prometheus(sandbox: Any, path: str, **params: object) -> list[dict]:
         return json.load(reply)["data"]["result"]
 
 
-def prometheus_rates(sandbox: Any, rid: str, timeout: float = 60) -> dict[str, float]:
-    """Each host's img/s of the run as Prometheus has it, once it has every host's."""
-    deadline = time.monotonic() + timeout
-    while True:
-        rows = prometheus(
-            sandbox, "query", query=f'ddpfleet_host_images_per_second{{run_id="{rid}"}}'
-        )
-        found = {r["metric"]["host"]: float(r["value"][1]) for r in rows}
-        if len(found) == len(sandbox.nodes) or time.monotonic() > deadline:
-            return found
-        time.sleep(2)
-
-
 def tensorboard_scalars(sandbox: Any, rid: str) -> dict:
     """The run's TensorBoard event files, fetched by tensorboard.yml (what `make tensorboard`
     serves) and read by TensorBoard's own reader; the copy is removed afterwards."""
@@ -496,7 +483,6 @@ def stopped(cluster: Any, long_val: str) -> dict:
     try:
         wait_for_step(cluster, rid, 1, proc)
         metrics = {node.name: scrape_metrics(node) for node in cluster.nodes}
-        rates = prometheus_rates(cluster, rid)
         # status.yml with a forensics bundle of the live run, which goes on (attached below)
         status = run_site(cluster, "-e", f"run_id={rid}", "-e", "dump=true", playbook="status.yml")
         attached = start_train(cluster, rid)
@@ -511,7 +497,7 @@ def stopped(cluster: Any, long_val: str) -> dict:
     print(f"\nstop.yml during validation (step {at.get('step')}): {stop.wall_s:.1f} s")
     return {"rid": rid, "status": status, "stop": stop, "train_rc": proc.returncode,
             "train_out": out, "attached_rc": attached.returncode, "attached_out": attached_out,
-            "args": args, "metrics": metrics, "prometheus_rates": rates}  # fmt: skip
+            "args": args, "metrics": metrics}  # fmt: skip
 
 
 def test_every_agent_serves_its_hosts_metrics_while_the_run_goes(stopped: dict) -> None:
@@ -525,8 +511,12 @@ def test_every_agent_serves_its_hosts_metrics_while_the_run_goes(stopped: dict) 
         assert next(v for _, v in found["ddpfleet_rank_heartbeat_age_seconds"]) < 10
 
 
-def test_prometheus_has_every_host_s_rate_while_the_run_goes(stopped: dict, cluster: Any) -> None:
-    rates = stopped["prometheus_rates"]
+def test_prometheus_had_every_host_s_rate_while_the_run_went(stopped: dict, cluster: Any) -> None:
+    """Prometheus on node1 scraped every host's agent during the run (found through the file
+    train.yml wrote; asked afterwards, so that the run's timing is left alone)."""
+    query = f'max_over_time(ddpfleet_host_images_per_second{{run_id="{stopped["rid"]}"}}[30m])'
+    rows = prometheus(cluster, "query", query=query)
+    rates = {r["metric"]["host"]: float(r["value"][1]) for r in rows}
     assert sorted(rates) == sorted(node.name for node in cluster.nodes), rates
     assert all(rate > 0 for rate in rates.values()), rates
     exporters = prometheus(cluster, "query", query='up{job="node"}')
