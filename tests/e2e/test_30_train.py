@@ -600,9 +600,8 @@ def test_tensorboard_curves_go_on_across_the_resume(
         assert [step for step, _ in tags[f"train/{name}"]] == list(range(1, 9)), name
     assert [step for step, _ in tags["val/top1"]] == [8]  # epoch 0's was cut by the stop
     for node in cluster.nodes:
-        assert {v for _, v in tags[f"hosts/{node.hostname}/batch_share"]} == {
-            pytest.approx(1 / len(cluster.nodes))
-        }
+        shares = [v for _, v in tags[f"hosts/{node.hostname}/batch_share"]]
+        assert shares == pytest.approx([1 / len(cluster.nodes)] * len(shares))
         assert all(v > 0 for _, v in tags[f"hosts/{node.hostname}/images_per_sec"])
 
 
@@ -628,8 +627,9 @@ def test_console_page_draws_the_run_in_a_browser(
     url = f"http://{cluster.nodes[0].ip}:{PROMETHEUS_PORT}/consoles/ddpfleet.html?run_id={rid}"
     dom = chromium("--dump-dom", url)
     assert f"ddpfleet run {rid}" in dom
-    assert "error:" not in dom, dom[-3000:]
-    assert "no samples yet" not in dom, dom[-3000:]
+    note = re.search(r'id="note">([^<]*)<', dom)
+    assert note, dom[-3000:]
+    assert note.group(1).startswith("updated "), note.group(1)  # not "error: ..."
     rate_chart = dom[dom.index('id="rate"') : dom.index('id="loss"')]
     for node in cluster.nodes:
         assert f">{node.name}</text>" in rate_chart  # its legend entry
