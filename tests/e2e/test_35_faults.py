@@ -190,6 +190,19 @@ def test_frozen_rank_teardown_within_heartbeat_timeout(frozen: dict) -> None:
     assert frozen["gone_s"] <= HB_TIMEOUT + LIMIT
 
 
+def test_prometheus_labels_each_agent_with_its_own_run(
+    cluster: Any, cut_off: dict, frozen: dict
+) -> None:
+    """The frozen run's agents served on the port the cut-off run's had: Prometheus found
+    them through the new run's files, never under the old run's id (the target's run_id
+    against the run_id the agent itself exposes, which Prometheus keeps as exported_run_id)."""
+    seen = prometheus(cluster, "query", query="last_over_time(ddpfleet_run_info[30m])")
+    runs = {cut_off["rid"], frozen["rid"]}
+    pairs = {(r["metric"]["run_id"], r["metric"]["exported_run_id"]) for r in seen}
+    pairs = {pair for pair in pairs if runs & set(pair)}  # earlier sessions' runs left alone
+    assert pairs == {(rid, rid) for rid in runs}, pairs
+
+
 def test_no_container_left_after_the_faults(cluster: Any, cut_off: dict, frozen: dict) -> None:
     for rid in (cut_off["rid"], frozen["rid"]):
         assert containers(cluster, rid) == {}
