@@ -187,6 +187,7 @@ def test_build_context_pins_only_what_the_image_installs(host: Any, image: dict[
     if not image["is_builder"]:
         pytest.skip("only the registry host builds")
     pins = host.file(f"{image['trainer_image_build_dir']}/requirements.txt").content_string
-    names = ("torch", "torchvision", "pillow", "py-spy")
+    names = ("torch", "torchvision", "pillow", "py-spy", "tensorboardX", "protobuf")
+    names += ("prometheus-client", "nvidia-ml-py")
     expected = [f"{name}=={pinned(name)}" for name in names]
     assert pins.split() == expected
