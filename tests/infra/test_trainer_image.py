@@ -35,7 +35,7 @@ def pinned(package: str) -> str:
     """The version requirements.txt pins for ``package`` (the image must carry it)."""
     for line in (ROOT / "requirements.txt").read_text().splitlines():
         name, _, version = line.partition("==")
-        if name.strip().lower() == package:
+        if name.strip().lower() == package.lower():
             return version.strip()
     raise AssertionError(f"requirements.txt does not pin {package}")
 
