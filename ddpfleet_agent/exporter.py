@@ -19,14 +19,12 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 
+from ddpfleet_agent.ranks import number
+
 if TYPE_CHECKING:
     from ddpfleet_agent.supervise import Agent
 
 PHASES = ("start", "scan", "train", "validate", "checkpoint", "done")
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 # name (after ddpfleet_): help, labels
@@ -60,13 +58,13 @@ def rank_metrics(beats: dict[int, dict], now: float) -> Iterator[Metric]:
     live = _gauge("rank_heartbeat_age_seconds")
     moved = _gauge("rank_progress_age_seconds")
     phase = _gauge("rank_phase")
-    own = [_number(b.get("rank_images_per_sec")) for b in beats.values()]
+    own = [number(b.get("rank_images_per_sec")) for b in beats.values()]
     for rank, beat in sorted(beats.items()):
         label = [str(rank)]
-        step.add_metric(label, _number(beat.get("step")) or 0.0)
-        total.add_metric(label, _number(beat.get("total_steps")) or 0.0)
+        step.add_metric(label, number(beat.get("step")) or 0.0)
+        total.add_metric(label, number(beat.get("total_steps")) or 0.0)
         for family, key in ((live, "time"), (moved, "progress_time")):
-            stamp = _number(beat.get(key))
+            stamp = number(beat.get(key))
             if stamp is not None:
                 family.add_metric(label, max(now - stamp, 0.0))
         current = str(beat.get("phase") or "start")
@@ -78,8 +76,7 @@ def rank_metrics(beats: dict[int, dict], now: float) -> Iterator[Metric]:
         host.add_metric([], sum(own))  # type: ignore[arg-type]
         yield host
     for key, name in (("loss", "run_loss"), ("images_per_sec", "run_images_per_second")):
-        values = [_number(b.get(key)) for _, b in sorted(beats.items())]
-        known = [v for v in values if v is not None]
+        known = [v for _, b in sorted(beats.items()) if (v := number(b.get(key))) is not None]
         if known:
             family = _gauge(name)
             family.add_metric([], known[0])

@@ -136,8 +136,8 @@ def _train(
     hosts = [str(h) for h in dist_utils.gather_objects(env, env.host)]
     if env.is_main:
         start_records(cfg, plan)
-        run.metrics = MetricsLog(out / "metrics.jsonl", start_step if state else None)
         resumed = start_step if state else None
+        run.metrics = MetricsLog(out / "metrics.jsonl", resumed)
         run.events = EventLog(out / "tensorboard", resumed, hosts, batches)
     LOG.info("world %d, device %s, amp %s, %d steps", env.world_size, env.device, amp_dtype, total)
     if decoding:

@@ -20,15 +20,6 @@ DIR_ENV = "DDPFLEET_TENSORBOARD_DIR"
 FLUSH_SECONDS = 5
 
 
-def host_shares(hosts: list[str], batches: list[int]) -> dict[str, float]:
-    """Each host's share of the global batch, from the ranks' hosts and batches."""
-    total = sum(batches) or 1
-    shares: dict[str, float] = {}
-    for host, batch in zip(hosts, batches, strict=True):
-        shares[host] = shares.get(host, 0.0) + batch / total
-    return shares
-
-
 def per_host(hosts: list[str], rank_values: list[float]) -> dict[str, float]:
     """The ranks' values summed per host (``hosts[rank]`` is rank's host)."""
     summed: dict[str, float] = {}
@@ -44,7 +35,8 @@ class EventLog:
         self, directory: Path, resume_step: int | None, hosts: list[str], batches: list[int]
     ):
         self.hosts = hosts
-        self.shares = host_shares(hosts, batches)
+        total = sum(batches) or 1
+        self.shares = per_host(hosts, [batch / total for batch in batches])  # of the global batch
         purge = None if resume_step is None else resume_step + 1
         self.writer = SummaryWriter(str(directory), purge_step=purge, flush_secs=FLUSH_SECONDS)
 
