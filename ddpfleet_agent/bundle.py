@@ -31,7 +31,7 @@ def take(agent: Agent, failure: dict) -> str | None:
     if cfg.dump_timeout <= 0:
         return None
     deadline = time.time() + cfg.dump_timeout + 1.0
-    out = bundle_dir(cfg.run_dir, cfg.attempt)
+    out = bundle_dir(cfg.run_dir, agent.label)
     collected = forensics.collect(agent.ranks.rank_pids(), cfg.host, cfg.run_dir, cfg.dump_timeout)
     agent.records.submit(lambda: forensics.write_ranks(out, collected))
     agent.say(f"forensics: {len(collected['ranks'])} ranks dumped in {collected['seconds']} s")
@@ -46,7 +46,9 @@ def take(agent: Agent, failure: dict) -> str | None:
             dumps.update(agent.peers.dumps())
             # a host judged gone was silent for peer_timeout already: no wait for it
             silent = agent.peers.silent(time.time(), min(5.0, cfg.peer_timeout))
-            heard = set(range(len(cfg.hosts))) - set(silent)
+            # nor for one whose ranks had all exited already: it has nothing to dump
+            done = [n for n, v in agent.peers.views.items() if v.get("state") == "exited"]
+            heard = set(range(len(cfg.hosts))) - set(silent) - set(done)
             if heard <= set(dumps):
                 break
             time.sleep(cfg.tick / 2)
@@ -59,7 +61,7 @@ def take(agent: Agent, failure: dict) -> str | None:
         for n in range(len(cfg.hosts))
         if n not in dumps
     }
-    head = {"run_id": cfg.run_id, "attempt": cfg.attempt, "reason": failure.get("reason"),
+    head = {"run_id": cfg.run_id, "attempt": agent.label, "reason": failure.get("reason"),
             "failure": failure}  # fmt: skip
     hosts = [dumps[n] for n in sorted(dumps)]
     line = forensics.diagnose_line(hosts, missing)

@@ -41,6 +41,7 @@ class AgentConfig:
     straggler_ratio: float = 0.9
     metrics_host: str = ""  # the Prometheus endpoint's address and port ('': none)
     metrics_port: int = 0
+    restarts: int = 0  # restarts in place after a rank's failure (restarts.py)
     tick: float = 0.5  # seconds between supervision rounds
     settle: float = 2.0  # seconds to watch the peers before naming the cause of an exit
 
@@ -117,6 +118,13 @@ def _parser() -> argparse.ArgumentParser:
         help="report.txt flags a rank below this fraction of the median img/s",
     )
     p.add_argument(
+        "--restarts",
+        type=int,
+        default=0,
+        help="restart the run in place from its newest checkpoint after a rank's failure on a "
+        "host that is still there, at most this many times (0: the first failure ends the run)",
+    )
+    p.add_argument(
         "--metrics",
         default="",
         help="ADDR:PORT of this agent's Prometheus endpoint (empty: none)",
@@ -151,6 +159,8 @@ def parse_args(argv: list[str]) -> AgentConfig:
     metrics_host, metrics_port = _address("--metrics", ns.metrics) if ns.metrics else ("", 0)
     if not (math.isfinite(ns.dump_timeout) and 0 <= ns.dump_timeout <= 60):
         raise BadAgentInput("--dump-timeout must be from 0 to 60")
+    if not 0 <= ns.restarts <= 1000:
+        raise BadAgentInput("--restarts must be from 0 to 1000")
     if not 0 <= ns.straggler_ratio <= 1:
         raise BadAgentInput("--straggler-ratio must be from 0 to 1")
     for name in (
@@ -183,4 +193,5 @@ def parse_args(argv: list[str]) -> AgentConfig:
         straggler_ratio=ns.straggler_ratio,
         metrics_host=metrics_host,
         metrics_port=metrics_port,
+        restarts=ns.restarts,
     )

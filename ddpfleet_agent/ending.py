@@ -40,6 +40,8 @@ class Ending:
     escalated: bool
     last_progress: float
     first_train: tuple[float, int] | None
+    restarts: int
+    attempts: list[dict]
     # and, from supervise.Agent: say() and _record()
 
     def _finish(self, outcome: str, code: int) -> int:
@@ -66,6 +68,8 @@ class Ending:
         if cfg.is_server and cfg.program:
             self._write_program_summary(outcome, exit_rec)
         if cfg.is_server:
+            self.attempts[-1]["ended"] = exit_rec["time"]
+            self.records.write_attempts(self.attempts)
             self._write_end(outcome)
         # the last writes of a completed run (report.png) may take a while; a silent storage
         # gets one bound more
@@ -216,5 +220,6 @@ class Ending:
             "phase": lead.get("phase"), "loss": lead.get("loss"),
             "images_per_sec": lead.get("images_per_sec"), "eta_sec": eta, "hosts": hosts,
             "elapsed_sec": round(now - self.ranks.started, 1) if self.ranks.started else 0.0,
-            "program": cfg.program,
+            "program": cfg.program, "restarts": self.restarts,
+            "attempts": [dict(a) for a in self.attempts],
         }  # fmt: skip

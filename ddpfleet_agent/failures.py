@@ -11,7 +11,9 @@ names the same cause. What each rule sees:
   or every other host silent at once (this host is cut off);
 - ``runtime_problem``: the run past its ``max_runtime``;
 - a rank's own non-zero exit, named by the agent from torchrun's root cause (ranks.py);
-  ``first_cause`` picks which of the hosts' exits ended the run.
+  ``first_cause`` picks which of the hosts' exits ended the run;
+- ``restart_refusal``: whether the agents restart the run in place from its newest checkpoint
+  (``--restarts``) or end it.
 """
 
 from __future__ import annotations
@@ -44,13 +46,56 @@ class Failure(TypedDict, total=False):
     reason: str  # one line, e.g. "rank 2 frozen (no heartbeat for 31s at step 7, phase train)"
     time: float
     claimed_by: str  # the host whose agent judged it
+    step: int | None  # the step the rank to blame had reached, where known
+    restartable: bool  # a rank's failure on a host still there: restarting in place may heal it
+
+
+# A rank's own verdict that a restart would fail the same way (trainer.runner's exit codes):
+# bad input, and a loss that became non-finite (the same data and weights diverge again).
+FINAL_EXITS = {2: "bad input", 3: "the loss became non-finite"}
 
 
 def failure(
-    hosts: list[str], node: int, rank: int | None, code: int | None, reason: str, *, judge: str
+    hosts: list[str],
+    node: int,
+    rank: int | None,
+    code: int | None,
+    reason: str,
+    *,
+    judge: str,
+    step: int | None = None,
+    restartable: bool = False,
 ) -> Failure:
     return {"host": hosts[node], "node_rank": node, "rank": rank, "exit_code": code,
-            "reason": reason, "time": time.time(), "claimed_by": judge}  # fmt: skip
+            "reason": reason, "time": time.time(), "claimed_by": judge, "step": step,
+            "restartable": restartable}  # fmt: skip
+
+
+def restart_refusal(cause: Failure, earlier: list[Failure], used: int, allowed: int) -> str | None:
+    """None when a failed run restarts in place; else why not, '' when that goes without
+    saying (restarts off, or not a rank's failure on a host still there: a host gone, the
+    store lost, the time limit). Said: the rank's own verdict that a restart cannot help, the
+    restarts used up, or the same rank failing at the same step as before the last restart (a
+    deterministic error must not loop)."""
+    if allowed <= 0 or not cause.get("restartable"):
+        return ""
+    final = FINAL_EXITS.get(cause.get("exit_code"))  # type: ignore[arg-type]
+    if final:
+        return f"not restarted: {final} (exit code {cause.get('exit_code')})"
+    if used >= allowed:
+        return f"not restarted: all {allowed} restart(s) used"
+    last = earlier[-1] if earlier else None
+    if (
+        last is not None
+        and last.get("rank") == cause.get("rank")
+        and cause.get("step") is not None
+        and last.get("step") == cause.get("step")
+    ):
+        return (
+            f"not restarted: rank {cause.get('rank')} failed again at step {cause.get('step')} "
+            "(a deterministic error)"
+        )
+    return None
 
 
 def rank_problem(
@@ -130,7 +175,8 @@ def hang_cause(
     age = r.get("live_age") if frozen(r) else r.get("progress_age")
     at = f"at step {r.get('step')}, phase {r.get('phase')})"
     reason = f"rank {r['rank']} {what} for {float(age or 0):.0f}s {at}"
-    return failure(hosts, node, r["rank"], None, reason, judge=judge)
+    step = int(r.get("step") or 0)
+    return failure(hosts, node, r["rank"], None, reason, judge=judge, step=step, restartable=True)
 
 
 def first_cause(exits: list[Failure]) -> Failure:

@@ -131,12 +131,23 @@ def progress_line(run_id: str, p: dict, hosts: list[str]) -> str:
             f"run {run_id}: running {duration(p.get('elapsed_sec'))} (no progress reported), "
             f"hosts running {len(up)}/{len(hosts)}{': ' + others if others else ''}"
         )
+    restarts = f", restarts {p['restarts']}" if p.get("restarts") else ""
     return (
         f"run {run_id}: {where}, loss {_num(p.get('loss'), '.4f')}, "
         f"{_num(p.get('images_per_sec'), '.1f')} img/s, ETA {duration(p.get('eta_sec'))}, "
         f"hosts running {len(up)}/{len(hosts)}{': ' + others if others else ''}"
-        f" (phase {p.get('phase') or '?'})"
+        f" (phase {p.get('phase') or '?'}{restarts})"
     )
+
+
+def restart_lines(run_id: str, p: dict, shown: int) -> list[str]:
+    """One line per restart in progress.json's attempts after the first ``shown`` ones."""
+    return [
+        f"run {run_id}: restarted in place ({a.get('restart')}) from the newest checkpoint "
+        f"after: {a.get('cause')}"
+        for a in (p.get("attempts") or [])[1:]
+        if isinstance(a, dict) and isinstance(a.get("restart"), int) and a["restart"] > shown
+    ]
 
 
 def run_status(snap: dict, containers: dict) -> str:

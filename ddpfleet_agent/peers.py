@@ -3,8 +3,12 @@
 Keys: ``alive/<n>`` keepalive count, ``ranks/<n>`` the host's rank views (with the failed
 exit it saw, ``cause``, once its command failed), ``failure`` the first failure claimed
 (compare-and-set), ``stop`` a requested stop, ``exit/<n>`` how a host's command ended,
-``dumped/<n>`` the host's forensics record of a failed run (bundle.py). Ages are measured by
-each host on its own clock, so clocks need not agree.
+``dumped/<n>`` the host's forensics record of a failed run (bundle.py), ``ready/<n>`` the host
+back from a failure and ready to restart. A run restarted in place (``--restarts``) is a new
+generation: its ``ranks``, ``failure``, ``dumped`` and ``ready`` keys end in ``@<generation>``
+(sealed under that name: an earlier generation's value does not pass for one of this), the
+keepalive, ``stop`` and ``exit`` keys are the run's. Ages are measured by each host on its own
+clock, so clocks need not agree.
 
 The store takes any client on the cluster network, so every value is sealed: the JSON value
 with an HMAC-SHA256 over the key's name and the value, under the run's secret (``--key-file``,
@@ -46,6 +50,11 @@ class Peers:
         self.ignored: set[str] = set()  # keys whose value was ignored (said once each)
         self.key = b""
         self.beats = 0  # this host's keepalive count
+        self.generation = 0  # restarts in place so far (supervise.Agent)
+
+    def _scoped(self, key: str) -> str:
+        """The key of this generation (the first one's have no suffix)."""
+        return f"{key}@{self.generation}" if self.generation else key
 
     def _guarded(self, fn: Callable[[], object]) -> object:
         """Run fn on a daemon thread, waiting at most peer_timeout: a peer cut off by dropped
@@ -118,7 +127,7 @@ class Peers:
         value = unseal(self.key, key, raw) if raw else None
         why = "not signed with the run's key"
         if value is not None:
-            if SHAPES[key.split("/", maxsplit=1)[0]](value):
+            if SHAPES[key.split("/", maxsplit=1)[0].split("@", maxsplit=1)[0]](value):
                 return value
             why = "not what an agent writes"
         if raw and key not in self.ignored:
@@ -137,7 +146,7 @@ class Peers:
     def _exchange(self, record: dict) -> tuple[dict | None, dict | None]:
         assert self.store is not None
         me = self.cfg.node_rank
-        self._set(f"ranks/{me}", record)
+        self._set(self._scoped(f"ranks/{me}"), record)
         self.beats += 1
         self._set(f"alive/{me}", {"count": self.beats})
         now = time.time()
@@ -146,14 +155,14 @@ class Peers:
             count = alive["count"] if alive is not None else 0
             if count > self.seen.get(node, (0, now))[0]:  # grown: a value sent again is stale
                 self.seen[node] = (count, now)
-            view = self._get(f"ranks/{node}")
+            view = self._get(self._scoped(f"ranks/{node}"))
             if view is not None:
                 self.views[node] = view
             if node not in self.exits:
                 done = self._get(f"exit/{node}")
                 if done is not None:
                     self.exits[node] = done
-        return self._get("failure"), self._get("stop")
+        return self._get(self._scoped("failure")), self._get("stop")
 
     def exit_causes(self) -> list[dict]:
         """The failed exits the other hosts' agents published (their ``cause``), as last read."""
@@ -180,11 +189,12 @@ class Peers:
     def claim(self, failure: dict) -> dict:
         """Put failure into the store unless one is there; returns the one that counts."""
         assert self.store is not None
-        mine = seal(self.key, "failure", failure)
-        won = self._guarded(lambda: self._call(self.store.compare_set, "failure", "", mine))
-        claimed = self._shaped("failure", won)
+        key = self._scoped("failure")
+        mine = seal(self.key, key, failure)
+        won = self._guarded(lambda: self._call(self.store.compare_set, key, "", mine))
+        claimed = self._shaped(key, won)
         if claimed is None:  # what held the key is no failure: this one replaces it
-            self._guarded(lambda: self._call(self.store.set, "failure", mine))
+            self._guarded(lambda: self._call(self.store.set, key, mine))
             return failure
         return claimed
 
@@ -195,15 +205,41 @@ class Peers:
 
     def publish_dump(self, record: dict) -> None:
         """This host's forensics record (bundle.py): its ranks' locations, no stacks."""
-        key = f"dumped/{self.cfg.node_rank}"
+        key = self._scoped(f"dumped/{self.cfg.node_rank}")
         self._guarded(lambda: self._set(key, record))
 
     def dumps(self) -> dict[int, dict]:
         """node -> the forensics record its agent published, for those that did."""
-        got = self._guarded(lambda: {n: self._get(f"dumped/{n}") for n in range(self.n)})
+        got = self._guarded(
+            lambda: {n: self._get(self._scoped(f"dumped/{n}")) for n in range(self.n)}
+        )
         return {n: v for n, v in got.items() if v is not None}  # type: ignore[union-attr]
 
     def report_exit(self, record: dict) -> None:
         assert self.store is not None
         key = f"exit/{self.cfg.node_rank}"
         self._guarded(lambda: self._set(key, record))
+
+    def regroup(self, generation: int, within: float) -> list[int]:
+        """Enter restart ``generation``: say this host is ready (its ranks are gone), wait up to
+        ``within`` s for every host to say so (keeping this one's keepalive going), and forget
+        the last generation's views; returns the hosts that did not come (empty: all ready)."""
+        self.generation, self.views = generation, {}
+        me = self.cfg.node_rank
+        self._guarded(lambda: self._set(f"ready/{me}@{generation}", {"host": self.cfg.host}))
+        deadline = time.time() + within
+
+        def missing_hosts() -> list[int]:
+            self.beats += 1
+            self._set(f"alive/{me}", {"count": self.beats})
+            return [n for n in range(self.n) if self._get(f"ready/{n}@{generation}") is None]
+
+        while True:
+            missing = self._guarded(missing_hosts)
+            if not missing or time.time() > deadline:
+                break
+            time.sleep(self.cfg.tick)
+        now = time.time()  # the keepalives count again from here
+        self.seen = {node: (count, now) for node, (count, _) in self.seen.items()}
+        self.started = now
+        return missing  # type: ignore[return-value]

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 FROZEN_AFTER = 5.0  # a heartbeat thread silent this long means the process is not running
+KILL_WAIT = 10.0  # seconds kill_all waits for the killed command to be reaped
 _ROOT_CAUSE_RE = re.compile(
     r"Root Cause \(first observed failure\):.*?rank\s*:\s*(-?\d+)\s*\(local_rank:\s*(-?\d+)\)"
     r"\s*exitcode\s*:\s*(-?\d+)",
@@ -185,7 +186,7 @@ class LocalRanks:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=KILL_WAIT)
 
     def failed_rank(self, code: int) -> tuple[int | None, int, str]:
         """(rank, exit code, reason) of a non-zero exit, from torchrun's root-cause block."""

@@ -206,6 +206,19 @@ class Records:
 
         self.submit(job)
 
+    def write_attempts(self, attempts: list[dict]) -> None:
+        """The run's starts (restarts.py) into the summary its last start left."""
+        rows = [dict(a) for a in attempts]
+
+        def job() -> None:
+            path = self.run_dir / "summary.json"
+            summary = read_json(path)
+            if summary:  # none: the run ended before anything wrote one
+                summary.update(attempts=rows, restarts=len(rows) - 1)
+                write_json_atomic(path, summary)
+
+        self.submit(job)
+
     def write_stopped(self, attempt: str) -> None:
         """Mark summary.json stopped when the trainer could not (it was killed at escalation)."""
 

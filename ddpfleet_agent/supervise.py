@@ -18,13 +18,14 @@ from ddpfleet_agent.failures import Failure
 from ddpfleet_agent.peers import Peers, StoreLost
 from ddpfleet_agent.ranks import LocalRanks, rank_views
 from ddpfleet_agent.records import Records
+from ddpfleet_agent.restarts import Restarting
 
 
 def _stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-class Agent(Ending):
+class Agent(Ending, Restarting):
     def __init__(self, cfg: AgentConfig, child_env: dict[str, str] | None = None):
         self.cfg = cfg
         self.child_env = dict(os.environ) if child_env is None else child_env
@@ -41,6 +42,8 @@ class Agent(Ending):
         self.last_progress = 0.0
         self.first_train: tuple[float, int] | None = None
         self.beats: dict[int, dict] = {}  # the ranks' heartbeats as last read (the metrics)
+        self.causes: list[Failure] = []  # the failures the run was restarted after
+        self.attempts: list[dict] = []  # each start of the command (restarts.py)
 
     # --- small helpers ----------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -51,11 +54,17 @@ class Agent(Ending):
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.signum = self.signum or signum
 
-    def _failure(self, node: int, rank: int | None, code: int | None, reason: str) -> Failure:
+    def _failure(
+        self, node: int, rank: int | None, code: int | None, reason: str, *, ranks: bool = False
+    ) -> Failure:
+        """``ranks``: a failure of a rank's own (its exit, frozen), which a restart may heal."""
+        views = self.peers.views.get(node, {}).get("ranks") or []
         if rank is None:  # a whole host: name its first rank (the only one with one per host)
-            ranks = [r["rank"] for r in self.peers.views.get(node, {}).get("ranks") or []]
-            rank = min(ranks) if ranks else None
-        return failures.failure(self.cfg.hosts, node, rank, code, reason, judge=self.cfg.host)
+            rank = min((r["rank"] for r in views), default=None)
+        local = rank_views(self.ranks.heartbeats(), 0) if node == self.cfg.node_rank else []
+        step = {r["rank"]: r["step"] for r in [*views, *local]}.get(rank)  # its last word
+        return failures.failure(self.cfg.hosts, node, rank, code, reason, judge=self.cfg.host,
+                                step=step, restartable=ranks)  # fmt: skip
 
     def _claim(self, failure: dict) -> dict:
         try:
@@ -114,9 +123,11 @@ class Agent(Ending):
             return self._finish("failed", 1)
         if cfg.metrics_port and (why := self._serve_metrics()):
             self.say(why)  # the run goes on without its metrics
-        self.ranks.start(self.child_env)
-        outcome, code = self._supervise()
-        return self._finish(outcome, code)
+        self._start_ranks()
+        while True:
+            outcome, code = self._supervise()
+            if not self._restarted(outcome):
+                return self._finish(outcome, code)
 
     def _serve_metrics(self) -> str:
         """Start the Prometheus endpoint; why not, in one line ('' when it serves)."""
@@ -155,6 +166,7 @@ class Agent(Ending):
                 self._begin_stop(stop)
             if code is not None:
                 return self._ended(code)
+            self._track(now)
             self._progress(now)
             problem = self._check(now)
             if problem is not None:
@@ -196,7 +208,7 @@ class Agent(Ending):
             return "stopped", EXIT_STOPPED
         self.ranks.wait_output()
         rank, rcode, reason = self.ranks.failed_rank(code)
-        mine = self._failure(self.cfg.node_rank, rank, rcode, reason)
+        mine = self._failure(self.cfg.node_rank, rank, rcode, reason, ranks=True)
         # A dead rank or host makes the others fail too: publish this exit, watch the peers'
         # for a moment, and name a host that went silent, else the first cause of all exits.
         deadline = time.time() + self.cfg.settle
@@ -231,7 +243,7 @@ class Agent(Ending):
         beats = rank_views(self.ranks.heartbeats(), now)
         frozen = failures.rank_problem(beats, cfg.heartbeat_timeout, cfg.stop_timeout)
         if frozen is not None:
-            return self._failure(cfg.node_rank, frozen[0], None, frozen[1])
+            return self._failure(cfg.node_rank, frozen[0], None, frozen[1], ranks=True)
         hang = failures.hang_cause(
             self.peers.views, cfg.hosts, cfg.heartbeat_timeout, judge=cfg.host
         )
@@ -241,5 +253,5 @@ class Agent(Ending):
         gone = failures.host_problem(silent, len(cfg.hosts), cfg.node_rank, cfg.peer_timeout)
         if gone is not None:
             return self._failure(gone[0], None, None, gone[1])
-        late = failures.runtime_problem(self.ranks.started, now, cfg.max_runtime)
+        late = failures.runtime_problem(self.attempts[0]["started"], now, cfg.max_runtime)
         return None if late is None else self._failure(cfg.node_rank, None, None, late)

@@ -55,6 +55,7 @@ SHAPES: dict[str, Callable[[dict], bool]] = {
     ),
     "stop": lambda v: isinstance(v.get("by"), str),
     "dumped": lambda v: isinstance(v.get("host"), str) and isinstance(v.get("ranks"), list),
+    "ready": lambda v: isinstance(v.get("host"), str),
 }
 
 

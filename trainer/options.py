@@ -151,6 +151,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     *_section(
         "Supervision (the run agents) and following",
         Option("train_heartbeat_timeout", "int", 300, "Seconds a rank may go frozen (its heartbeat thread silent) or, in training or validation, without progress before the agents fail the run; data-set scans, validation and checkpoint saves keep beating.", 5, WEEK),
+        Option("train_restarts", "int", 2, "Restarts in place, with no controller: after a rank's failure on a host that is still there (a crash, a killed or frozen rank), the agents restart every rank from the newest checkpoint, at most this many times in the run; not after a host is gone, bad input, a non-finite loss, or the same rank failing again at the same step. 0: the first failure ends the run.", 0, 1000),
         Option("train_peer_timeout", "int", 60, "Seconds without a peer agent's keepalive before that host counts as failed (at least 5).", 5, WEEK),
         Option("train_agent_port", "int", 0, "Port of the agents' TCPStore on rank 0's cluster_ip (0: train_master_port + 1); must be free there and reachable from every host.", 0, PORT),
         Option("train_metrics_port", "int", 0, "Port of each host's run agent's Prometheus endpoint (/metrics on its cluster_ip: steps, img/s, loss, heartbeat ages, GPUs) while the run goes (0: train_master_port + 2); must be free on every host.", 0, PORT),

@@ -6,12 +6,25 @@ newest). See trainer.checkpoint for what "newest" means.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from pathlib import Path
 
 from trainer import checkpoint as ckpt
 from trainer import distributed as dist_utils
 from trainer.config import BadInputError, TrainConfig
 from trainer.metrics import LOG
+
+RESTART_ENV = "DDPFLEET_RESTART"  # set by the run agent when it restarts the run in place
+
+
+def restarted(cfg: TrainConfig) -> TrainConfig:
+    """A run its agents restarted in place (``$DDPFLEET_RESTART`` > 0) goes on from its newest
+    checkpoint, whatever ``--resume`` said at its first start (never, archive, a path)."""
+    count = os.environ.get(RESTART_ENV, "")
+    if count.isdigit() and int(count) > 0 and cfg.resume != "auto":
+        return dataclasses.replace(cfg, resume="auto")
+    return cfg
 
 
 def _choose(cfg: TrainConfig) -> tuple[dict[str, object], dict | None]:

@@ -38,11 +38,12 @@ from trainer.model import (
     warmup_epochs,
     wrap_ddp,
 )
-from trainer.resume import resume_state, start_records
+from trainer.resume import restarted, resume_state, start_records
 from trainer.stop import StopFlag
 from trainer.tboard import EventLog
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+# 2 and 3 tell the run agents that a restart would fail the same way (failures.FINAL_EXITS)
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3
 
 
 def _prepare(cfg: TrainConfig, env: dist_utils.DistEnv, heartbeat: Heartbeat) -> tuple:
@@ -205,7 +206,7 @@ def run(argv: list[str] | None, stop: StopFlag) -> int:
 def _run(argv: list[str] | None, stop: StopFlag, env: dist_utils.DistEnv, hb: Heartbeat) -> int:
     started = time.time()
     try:
-        cfg = parse_config(argv)
+        cfg = restarted(parse_config(argv))
         dist_utils.seed_everything(cfg.seed, env.rank)
         prepared: tuple | Exception = _prepare(cfg, env, hb)
     except BadInputError as exc:
@@ -232,7 +233,7 @@ def _run(argv: list[str] | None, stop: StopFlag, env: dist_utils.DistEnv, hb: He
             "nonfinite_step": exc.step,
             "last_checkpoint": f"checkpoints/{newest[0][1].name}" if newest else None,
         }
-        code = EXIT_FAILED
+        code = EXIT_DIVERGED
         agreed = True
     except Exception as exc:  # any training failure: record it, exit 1
         LOG.error("training failed: %s\n%s", exc, traceback.format_exc())

@@ -7,8 +7,13 @@
   cut-off node's agent ends its own container. (`docker network disconnect` cuts it off too,
   but the reconnected node comes back with eth1 instead of eth0, which GLOO_SOCKET_IFNAME
   names.)
-- one rank frozen with SIGSTOP: that rank and host are named (not a peer waiting for it in
-  the all-reduce), and every container is gone within the heartbeat timeout + 15 s + 6 s.
+- one rank frozen with SIGSTOP, restarts off: that rank and host are named (not a peer waiting
+  for it in the all-reduce), and every container is gone within the heartbeat timeout + 15 s
+  + 6 s.
+- one rank killed (SIGKILL of the process, its container left alone) with train_restarts=1: the
+  agents restart every rank in place from the newest checkpoint, the run completes, the
+  restart is recorded with its cause and heal time, and the steps logged before the kill and
+  again after it have the same loss.
 Each leaves a forensics bundle taken before the kill: every reachable rank's stacks, and a
 diagnosis naming the stopped rank, or the host that gave none.
 Both runs are followed by nobody (train_follow=false): the agents do it all.
@@ -22,6 +27,7 @@ import time
 from typing import Any
 
 import pytest
+from site_fixtures import run_site
 from test_30_train import (
     bundle,
     containers,
@@ -149,7 +155,7 @@ def rank_pid(cluster: Any, rid: str, node: Any, rank: int) -> int:
 def frozen(cluster: Any) -> dict:
     rid = run_id("sigstop")
     victim = cluster.nodes[1]
-    launch(cluster, rid, "-e", f"train_heartbeat_timeout={HB_TIMEOUT}")
+    launch(cluster, rid, "-e", f"train_heartbeat_timeout={HB_TIMEOUT}", "-e", "train_restarts=0")
     pid = rank_pid(cluster, rid, victim, 1)
     freeze = f"import os, signal; os.kill({pid}, signal.SIGSTOP)"  # the image has no kill(1)
     stop = cluster.ssh(victim, f"docker exec ddpfleet-{rid}-{victim.name} python -c '{freeze}'")
@@ -208,3 +214,52 @@ def test_no_container_left_after_the_faults(cluster: Any, cut_off: dict, frozen:
         assert containers(cluster, rid) == {}
         ended = progress(cluster, rid)
         assert (ended.get("state"), ended.get("status")) == ("ended", "failed")
+
+
+@pytest.fixture(scope="module")
+def healed(cluster: Any) -> dict:
+    rid = run_id("heal")
+    victim = cluster.nodes[1]
+    launch(cluster, rid, "-e", "train_restarts=1", "-e", "train_max_steps=20",
+           "-e", "train_checkpoint_every=5")  # fmt: skip
+    wait_for(cluster, rid, None, step=6)
+    pid = rank_pid(cluster, rid, victim, 1)
+    kill = f"import os; os.kill({pid}, 9)"  # the image has no kill(1)
+    done = cluster.ssh(victim, f"docker exec ddpfleet-{rid}-{victim.name} python -c '{kill}'")
+    assert done.returncode == 0, done.stderr
+    # rank 0's rows so far: the restart's trainer drops those after its checkpoint at its start
+    before = [json.loads(line) for line in run_file(cluster, rid, "metrics.jsonl").splitlines()]
+    wait_gone(cluster, rid, cluster.nodes, 300)  # completed: every container ended
+    data = summary(cluster, rid)
+    heal = data["attempts"][1]["heal_sec"]
+    print(f"\nrank killed -> first step of the restarted ranks: {heal} s")
+    return {"rid": rid, "victim": victim, "before": before, "summary": data}
+
+
+def test_a_killed_rank_is_restarted_in_place_and_the_run_completes(
+    cluster: Any, healed: dict
+) -> None:
+    data, rid = healed["summary"], healed["rid"]
+    assert (data["status"], data["steps"], data["restarts"]) == ("completed", 20, 1), data
+    first, second = data["attempts"]
+    assert second["cause"].startswith(
+        f"run {rid} failed: host {healed['victim'].name} rank 1: rank 1 killed by SIGKILL"
+    ), second
+    assert second["from_step"] == data["resumed_from_step"] == 5, data
+    assert first["to_step"] >= 6
+    assert 0 < second["heal_sec"] < 60, second
+    ended = progress(cluster, rid)
+    assert (ended["state"], ended["status"], ended["restarts"]) == ("ended", "completed", 1)
+    status = run_site(cluster, "-e", f"run_id={rid}", playbook="status.yml")
+    assert status.rc == 0, status.tail()
+    assert "restarts 1" in status.stdout, status.tail()
+
+
+def test_the_loss_goes_on_across_the_restart(cluster: Any, healed: dict) -> None:
+    after = {r["step"]: r["loss"] for r in map(json.loads, run_file(
+        cluster, healed["rid"], "metrics.jsonl").splitlines()) if "loss" in r}  # fmt: skip
+    redone = {r["step"]: r["loss"] for r in healed["before"] if "loss" in r and r["step"] > 5}
+    assert redone, healed["before"]  # steps trained before the kill and again after the restart
+    for step, loss in redone.items():
+        assert after[step] == pytest.approx(loss, rel=1e-3), (step, loss, after[step])
+    assert sorted(after) == list(range(1, 21))

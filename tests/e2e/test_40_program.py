@@ -135,7 +135,7 @@ def test_user_program_reports_progress_through_the_helper(completed: dict) -> No
 def killed(cluster: Any, code_dir: Path) -> dict:
     rid = run_id("progkill")
     victim = cluster.nodes[2]
-    run = train(cluster, rid, "-e", "train_follow=false",
+    run = train(cluster, rid, "-e", "train_follow=false", "-e", "train_restarts=0",
                 *program(code_dir, "--epochs", "100", "--step-sleep", "0.2"))  # fmt: skip
     assert run.rc == 0, run.tail()
     wait_for(cluster, rid, None, step=3)

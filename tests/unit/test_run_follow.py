@@ -247,6 +247,17 @@ def test_progress_line():
     )
 
 
+def test_a_restarted_run_says_so_once_per_restart():
+    attempts = [{"restart": 0, "cause": None}, {"restart": 1, "cause": "run r failed: host x"},
+                {"restart": 2, "cause": "run r failed: host y"}]  # fmt: skip
+    p = progress(restarts=2, attempts=attempts)
+    assert view.progress_line("r", p, HOSTS).endswith("(phase train, restarts 2)")
+    said = "run r: restarted in place ({}) from the newest checkpoint after: run r failed: host {}"
+    assert view.restart_lines("r", p, 0) == [said.format(1, "x"), said.format(2, "y")]
+    assert view.restart_lines("r", p, 1) == [said.format(2, "y")]
+    assert view.restart_lines("r", p, 2) == []
+
+
 def test_progress_line_names_hosts_not_running_and_unknown_values():
     p = {"step": 0, "hosts": {"node1": "running", "node2": "starting"}}
     assert view.progress_line("r", p, HOSTS) == (

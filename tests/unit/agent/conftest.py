@@ -47,13 +47,17 @@ while True:
 # A stand-in for a trainer rank: behaviour from FAKE_<rank> = "run:<s>", "exit:<code>:<s>",
 # "hang" (alive, no progress after step 3), "stoppable" (SIGTERM -> exit 143),
 # "deaf" (ignores SIGTERM), "done:<s>" (a last heartbeat in phase "done", then <s> seconds
-# before it exits 0, as a trainer tearing down), "killed:<s>" (SIGKILLs itself after <s>).
+# before it exits 0, as a trainer tearing down), "killed:<s>" (SIGKILLs itself after <s>),
+# "crash:<step>:<code>" (exits <code> on reaching <step>). FAKE_<rank>_R<n>, where set, is the
+# rank's mode after the agents' n-th restart (DDPFLEET_RESTART=n).
 # Times count from the rank's start, or from FAKE_T0 (an epoch time) when the test sets one.
 # Writes heartbeats like the trainer (a thread).
 RANK = r"""
 import json, os, signal, sys, threading, time
 rank = int(sys.argv[1])
-mode = os.environ.get(f"FAKE_{rank}", "run:60").split(":")
+restart = os.environ.get("DDPFLEET_RESTART", "0")
+mode = os.environ.get(f"FAKE_{rank}_R{restart}", os.environ.get(f"FAKE_{rank}", "run:60"))
+mode = mode.split(":")
 hb_dir = os.environ["DDPFLEET_HEARTBEAT_DIR"]
 state = {"step": 0, "progress_time": time.time(), "phase": "train"}
 beating = [True]
@@ -89,6 +93,9 @@ while time.time() < deadline:
     if not (mode[0] == "hang" and state["step"] >= 3 + rank):
         state["step"] += 1
         state["progress_time"] = time.time()
+    if mode[0] == "crash" and state["step"] >= int(mode[1]):
+        time.sleep(0.4)  # its heartbeat says the step
+        sys.exit(int(mode[2]))
     time.sleep(0.2)
 if mode[0] == "killed":
     os.kill(os.getpid(), signal.SIGKILL)

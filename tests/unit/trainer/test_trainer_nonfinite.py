@@ -88,7 +88,7 @@ def test_nan_loss_fails_the_run_at_its_step_at_the_log_interval(
 ) -> None:
     """Used to go on training NaN weights, checkpoint them and end "completed"."""
     extra = ["--log-every", "2", "--checkpoint-every", "2", "--keep-checkpoints", "5"]
-    assert poisoned_run(monkeypatch, 5, tmp_path, extra) == 1
+    assert poisoned_run(monkeypatch, 5, tmp_path, extra) == 3  # EXIT_DIVERGED: not restarted
     s = read_json(tmp_path / "summary.json")
     assert (s["status"], s["error"], s["nonfinite_step"]) == (
         "failed", "loss became non-finite at step 5", 5,
@@ -107,7 +107,7 @@ def test_nan_loss_between_log_intervals_writes_no_checkpoint(
     """Step 5's NaN made the weights NaN; the step-6 checkpoint comes before the next log
     interval (step 10): it is not written, and step 3's stays the newest."""
     extra = ["--log-every", "10", "--checkpoint-every", "3", "--keep-checkpoints", "5"]
-    assert poisoned_run(monkeypatch, 5, tmp_path, extra) == 1
+    assert poisoned_run(monkeypatch, 5, tmp_path, extra) == 3
     s = read_json(tmp_path / "summary.json")
     assert (s["status"], s["error"]) == ("failed", "loss became non-finite at step 5")
     assert s["last_checkpoint"] == "checkpoints/step-000000003.pt"

@@ -200,3 +200,15 @@ def test_a_failure_to_join_the_group_is_recorded_as_failed(
     assert main([*SYNTH, "--max-steps", "1", "--output-dir", str(tmp_path)]) == 1
     s = read_json(tmp_path / "summary.json")
     assert (s["status"], s["error"]) == ("failed", "RuntimeError: the rendezvous timed out")
+
+
+@pytest.mark.parametrize(
+    ("restart", "given", "used"),
+    [("", "archive", "archive"), ("0", "never", "never"), ("1", "archive", "auto"),
+     ("2", "never", "auto"), ("1", "auto", "auto")],
+)  # fmt: skip
+def test_a_run_its_agents_restarted_goes_on_from_its_newest_checkpoint(
+    monkeypatch: pytest.MonkeyPatch, restart: str, given: str, used: str
+) -> None:
+    monkeypatch.setenv(resume.RESTART_ENV, restart)
+    assert resume.restarted(parse_config(["--synthetic", "--resume", given])).resume == used

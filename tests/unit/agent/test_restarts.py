@@ -1,0 +1,82 @@
+"""Restarts in place (``--restarts``): real agents on localhost restart their fake ranks after a
+rank's failure, record each start, and refuse to loop on a deterministic error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ddpfleet_agent.failures import restart_refusal
+
+
+def test_a_rank_that_fails_once_is_restarted_in_place_and_the_run_completes(cluster):
+    c = cluster(3, restarts=1)
+    # what trainer rank 0 leaves behind at the end of the last start (the fake ranks write none)
+    (c.run_dir / "summary.json").write_text(json.dumps({"status": "completed", "world_size": 3}))
+    c.start({0: "run:20", 1: "crash:4:1", 2: "run:20", "0_R1": "run:3", "1_R1": "run:3",
+             "2_R1": "run:3"})  # fmt: skip
+    assert c.wait() == [0, 0, 0], c.output()
+    progress = c.json("progress.json")
+    assert (progress["status"], progress["restarts"]) == ("completed", 1), progress
+    first, second = progress["attempts"]
+    assert [first["restart"], second["restart"]] == [0, 1]
+    assert first["cause"] is None
+    assert second["cause"].startswith("run t1 failed: host h1 rank 1: rank 1 exited with code 1")
+    assert first["ended"] <= second["started"] < second["ended"]
+    assert 0 < second["heal_sec"] < 15, second  # the failure to the restarted ranks' first step
+    assert second["hosts"] == c.hosts
+    summary = c.json("summary.json")
+    assert (summary["status"], summary["restarts"]) == ("completed", 1)
+    assert [a["restart"] for a in summary["attempts"]] == [0, 1]
+    for host in c.hosts:
+        log = (c.run_dir / "nodes" / f"{host}.log").read_text()
+        assert "restart 1 of 1 from the newest checkpoint after: run t1 failed: host h1" in log
+        assert c.json(f"nodes/{host}.exit")["outcome"] == "completed"
+
+
+def test_the_same_rank_failing_at_the_same_step_again_fails_the_run_not_a_loop(cluster):
+    c = cluster(2, restarts=5)
+    c.start({0: "run:30", 1: "crash:4:1"})
+    codes = c.wait()
+    assert all(code != 0 for code in codes), c.output()
+    summary = c.json("summary.json")
+    assert summary["status"] == "failed"
+    assert summary["cause"].startswith("run t1 failed: host h1 rank 1: rank 1 exited with code 1")
+    assert summary["cause"].endswith(
+        "not restarted: rank 1 failed again at step 4 (a deterministic error)"
+    )
+    assert summary["restarts"] == 1  # of 5 allowed: restarted once, then refused
+    assert [a["cause"] is None for a in summary["attempts"]] == [True, False]
+    assert c.json("progress.json")["status"] == "failed"
+
+
+def test_a_rank_s_verdict_that_a_restart_cannot_help_ends_the_run_at_once(cluster):
+    c = cluster(2, restarts=2)
+    c.start({0: "run:30", 1: "crash:2:3"})  # exit code 3: the trainer's non-finite loss
+    assert all(code != 0 for code in c.wait()), c.output()
+    summary = c.json("summary.json")
+    assert summary["cause"].endswith("not restarted: the loss became non-finite (exit code 3)")
+    assert summary["restarts"] == 0
+
+
+CRASH = {"host": "h1", "rank": 1, "exit_code": 1, "reason": "x", "step": 7, "restartable": True}
+
+
+@pytest.mark.parametrize(
+    ("cause", "earlier", "used", "allowed", "verdict"),
+    [
+        (CRASH, [], 0, 2, None),
+        (CRASH, [], 0, 0, ""),  # restarts off: today's behaviour, nothing said
+        ({**CRASH, "restartable": False}, [], 0, 2, ""),  # a host gone, the store lost
+        ({**CRASH, "exit_code": 2}, [], 0, 2, "not restarted: bad input (exit code 2)"),
+        (CRASH, [{**CRASH, "step": 5}], 2, 2, "not restarted: all 2 restart(s) used"),
+        (CRASH, [{**CRASH, "step": 5}], 1, 2, None),  # another step: it made progress
+        (CRASH, [{**CRASH, "rank": 0}], 1, 2, None),  # another rank
+        (CRASH, [CRASH], 1, 2,
+         "not restarted: rank 1 failed again at step 7 (a deterministic error)"),
+        ({**CRASH, "step": None}, [{**CRASH, "step": None}], 1, 2, None),  # step unknown
+    ],
+)  # fmt: skip
+def test_restart_refusal(cause, earlier, used, allowed, verdict):
+    assert restart_refusal(cause, earlier, used, allowed) == verdict
