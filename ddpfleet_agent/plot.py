@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Sequence
 
 W, H, LEFT, RIGHT, TOP, BOTTOM = 900, 500, 80, 90, 50, 60
 BLUE, ORANGE, GREY, BLACK = (31, 119, 180), (255, 127, 14), (225, 225, 225), (0, 0, 0)
+RED = (214, 39, 40)
 
 
 def _finite(value: object) -> float | None:
@@ -38,9 +40,10 @@ def _span(values: list[float]) -> tuple[float, float]:
     return lo - pad, hi + pad
 
 
-def render_png(run_id: str, rows: list[dict]) -> bytes:
-    """Loss (left axis, blue) and img/s of all ranks (right axis, orange) over steps; the same
-    rows give the same bytes. Raises ImportError without Pillow."""
+def render_png(run_id: str, rows: list[dict], marks: Sequence[tuple[float, str]] = ()) -> bytes:
+    """Loss (left axis, blue) and img/s of all ranks (right axis, orange) over steps, and a red
+    line at each of ``marks`` (step, label: the restarts); the same input gives the same bytes.
+    Raises ImportError without Pillow."""
     from PIL import Image, ImageDraw, ImageFont  # noqa: PLC0415 - only the plot needs it
 
     try:
@@ -81,6 +84,10 @@ def render_png(run_id: str, rows: list[dict]) -> bytes:
         draw.line(xy, fill=color, width=2)
         for x, y in xy if len(xy) == 1 else []:  # one row: a dot
             draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill=color)
+    for step, label in marks:
+        if sx[0] <= step <= sx[1]:
+            draw.line([(xpos(step), y0), (xpos(step), y1)], fill=RED, width=2)
+            text((xpos(step) + 4, y0 + 12), label, RED, "l")
     draw.rectangle([x0, y0, x1, y1], outline=BLACK)
     text(((x0 + x1) / 2, 18), f"ddpfleet run {run_id}", BLACK, "c")
     text((x0, y0 - 12), "loss", BLUE, "l")

@@ -78,7 +78,17 @@ def report_lines(
         f"final accuracy {'?' if acc is None else f'{acc:.4f}'}, "
         f"wall time {'?' if wall is None else f'{wall:.1f}s'}"
     )
-    return lines
+    return lines + [
+        f"restart {a.get('restart')} at step {a.get('from_step')} (healed in "
+        f"{a.get('heal_sec')} s) after: {a.get('cause')}"
+        for a in restarts(summary)
+    ]
+
+
+def restarts(summary: dict) -> list[dict]:
+    """The restarts in place of summary.json's attempts (restarts.py), in order."""
+    attempts = summary.get("attempts")
+    return [a for a in attempts[1:] if isinstance(a, dict)] if isinstance(attempts, list) else []
 
 
 def program_lines(summary: dict, tail: int = 5) -> list[str]:
@@ -137,7 +147,9 @@ def write_report(run_dir: Path, run_id: str, hosts: list[str], nproc: int, ratio
     if not rows:
         return "report.txt written (no metrics rows: no report.png)"
     try:
-        png = render_png(run_id, rows)
+        marks = [(float(a["from_step"]), f"restart {a.get('restart')}")
+                 for a in restarts(summary) if _num(a.get("from_step")) is not None]  # fmt: skip
+        png = render_png(run_id, rows, marks)
     except ImportError as exc:
         return f"report.txt written; report.png not drawn: {exc}"
     write_bytes_atomic(run_dir / "report.png", png)

@@ -250,6 +250,8 @@ def test_a_killed_rank_is_restarted_in_place_and_the_run_completes(
     assert data["resumed_from_step"] % 5 == 0
     assert data["resumed_from_step"] < first["to_step"], data
     assert 0 < second["heal_sec"] < 60, second
+    report = run_file(cluster, rid, "report.txt")
+    assert f"restart 1 at step {data['resumed_from_step']} (healed in " in report, report
     ended = progress(cluster, rid)
     assert (ended["state"], ended["status"], ended["restarts"]) == ("ended", "completed", 1)
     status = run_site(cluster, "-e", f"run_id={rid}", playbook="status.yml")

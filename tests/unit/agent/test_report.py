@@ -216,3 +216,19 @@ def test_write_report_without_pillow_writes_the_table_only(tmp_path: Path, monke
     assert report.write_report(d, "r5", HOSTS, 1, 0.9).startswith("report.txt written; report.png")
     assert (d / "report.txt").exists()
     assert not (d / "report.png").exists()
+
+
+def test_restarts_are_a_line_each_in_the_table_and_a_red_line_on_the_plot():
+    restart = {"restart": 1, "from_step": 2, "heal_sec": 13.9, "cause": "run r5 failed: x"}
+    attempts = [{"restart": 0, "from_step": 0}, restart]
+    summary = {"status": "completed", "steps": 4, "attempts": attempts}
+    assert report.report_lines(summary)[-1] == (
+        "restart 1 at step 2 (healed in 13.9 s) after: run r5 failed: x"
+    )
+    assert report.report_lines({"status": "completed"})[-1].startswith("status completed")
+    plain = colours(plot.render_png("r5", ROWS))
+    marked = colours(plot.render_png("r5", ROWS, [(20.0, "restart 1")]))
+    assert marked.get(plot.RED, 0) > 100 > plain.get(plot.RED, 0)
+    assert marked.get(plot.RED, 0) > colours(plot.render_png("r5", ROWS, [(99.0, "x")])).get(
+        plot.RED, 0
+    )  # a mark off the steps drawn is left out

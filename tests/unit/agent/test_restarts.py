@@ -29,6 +29,8 @@ def test_a_rank_that_fails_once_is_restarted_in_place_and_the_run_completes(clus
     summary = c.json("summary.json")
     assert (summary["status"], summary["restarts"]) == ("completed", 1)
     assert [a["restart"] for a in summary["attempts"]] == [0, 1]
+    report = (c.run_dir / "report.txt").read_text()  # drawn after the attempts were recorded
+    assert f"restart 1 at step {second['from_step']} (healed in {second['heal_sec']} s)" in report
     for host in c.hosts:
         log = (c.run_dir / "nodes" / f"{host}.log").read_text()
         assert "restart 1 of 1 from the newest checkpoint after: run t1 failed: host h1" in log
