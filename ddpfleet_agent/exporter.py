@@ -17,7 +17,12 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 
 from ddpfleet_agent.ranks import number
 
@@ -127,6 +132,11 @@ class RunCollector:
         info.add_metric([], {"run_id": cfg.run_id, "host": cfg.host, "attempt": cfg.attempt,
                              "node_rank": str(cfg.node_rank)})  # fmt: skip
         yield info
+        restarts = CounterMetricFamily(
+            "ddpfleet_run_restarts", "Restarts in place of the run so far (train_restarts)."
+        )
+        restarts.add_metric([], float(self.agent.restarts))
+        yield restarts
         started = self.agent.ranks.started
         if started:
             began = _gauge("run_attempt_start_time_seconds")

@@ -81,6 +81,18 @@ def test_each_agent_serves_its_own_ranks_and_a_frozen_rank_ages(cluster):
             scrape(port)
 
 
+def test_the_restarts_counter_counts_the_restarts_in_place(cluster):
+    c = cluster(2, restarts=1)
+    c.metrics_ports = [free_port(), free_port()]
+    c.start({0: "run:20", 1: "crash:4:1", "0_R1": "run:6", "1_R1": "run:6"})
+    for port in c.metrics_ports:
+        assert value(scrape_when(port, lambda f: True), "ddpfleet_run_restarts_total") == 0
+    for port in c.metrics_ports:  # the same agents, on the same ports, after the restart
+        again = scrape_when(port, lambda f: value(f, "ddpfleet_run_restarts_total") == 1)
+        assert [labels["attempt"] for labels, _ in again["ddpfleet_run_info"]] == ["a1"]
+    assert c.wait() == [0, 0], c.output()
+
+
 def test_a_busy_metrics_port_is_said_and_the_run_goes_on(cluster):
     c = cluster(1)
     with socket.socket() as busy:
