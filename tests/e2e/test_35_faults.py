@@ -252,6 +252,9 @@ def test_a_killed_rank_is_restarted_in_place_and_the_run_completes(
     assert 0 < second["heal_sec"] < 60, second
     report = run_file(cluster, rid, "report.txt")
     assert f"restart 1 at step {data['resumed_from_step']} (healed in " in report, report
+    counted = f'max_over_time(ddpfleet_run_restarts_total{{run_id="{rid}"}}[30m])'
+    seen = {r["metric"]["host"]: r["value"][1] for r in prometheus(cluster, "query", query=counted)}
+    assert seen == {node.name: "1" for node in cluster.nodes}  # every agent's count, scraped
     ended = progress(cluster, rid)
     assert (ended["state"], ended["status"], ended["restarts"]) == ("ended", "completed", 1)
     status = run_site(cluster, "-e", f"run_id={rid}", playbook="status.yml")
