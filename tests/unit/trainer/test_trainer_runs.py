@@ -74,7 +74,8 @@ def test_2rank_tensorboard_event_files(synthetic_2rank: Path) -> None:
     assert all(0 <= r["data_wait_fraction"] <= 1 for r in rows)
     host = read_json(synthetic_2rank / "heartbeat" / "rank-0.json")["host"]
     rates = [v for _, v in tags[f"hosts/{host}/images_per_sec"]]
-    assert rates == pytest.approx([r["images_per_sec"] for r in rows], rel=1e-3)
+    # metrics.jsonl rounds to 0.01 img/s: at a few img/s (a loaded machine) that is over 0.1%
+    assert rates == pytest.approx([r["images_per_sec"] for r in rows], rel=1e-3, abs=0.01)
     assert {v for _, v in tags[f"hosts/{host}/batch_share"]} == {1.0}
     (step, top1), (_, top5) = tags["val/top1"][-1], tags["val/top5"][-1]
     assert step == 8
