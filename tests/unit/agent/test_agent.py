@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -348,7 +349,9 @@ def test_store_that_stops_answering_counts_as_its_host_failing(cluster):
     assert (progress["state"], progress["status"], progress["attempt"]) == ("ended", "failed", "a1")
 
 
-def test_a_host_that_lost_the_store_stands_in_for_node_rank_0_only_when_it_is_gone(tmp_path):
+def test_a_host_that_lost_the_store_stands_in_for_node_rank_0_only_when_it_is_gone(
+    tmp_path, monkeypatch
+):
     """progress.json rewritten meanwhile: node rank 0's agent lives (this host is the one cut
     off) and will write the status word itself; unchanged: it is gone, this host writes it."""
     from ddpfleet_agent.supervise import Agent  # noqa: PLC0415 - loads torch
@@ -356,6 +359,7 @@ def test_a_host_that_lost_the_store_stands_in_for_node_rank_0_only_when_it_is_go
     args = ["--run-dir", str(tmp_path), "--run-id", "t1", "--hosts", "h0,h1", "--host", "h1",
             "--node-rank", "1", "--store", "127.0.0.1:1", "--attempt", "a1", "--key-file", "k",
             "--", "true"]  # fmt: skip
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the agent's heartbeat directory
     agent = Agent(parse_args(args))
     path = tmp_path / "progress.json"
     path.write_text(

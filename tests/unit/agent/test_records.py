@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,7 +56,7 @@ def test_a_read_of_storage_that_answers_is_the_record(tmp_path: Path) -> None:
 
 
 def test_a_host_that_lost_the_store_and_the_storage_ends_without_waiting_on_it(
-    blocked: Path, monkeypatch: pytest.MonkeyPatch
+    blocked: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Node rank 0's host gone with the store and the storage: the others must not hang on
     the run directory while they end (issue 27 item 3)."""
@@ -63,6 +64,7 @@ def test_a_host_that_lost_the_store_and_the_storage_ends_without_waiting_on_it(
     from ddpfleet_agent.supervise import Agent  # noqa: PLC0415
 
     monkeypatch.setattr(ending, "PROGRESS_EVERY", 0.05)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the agent's heartbeat directory
     args = ["--run-dir", str(blocked), "--run-id", "t1", "--hosts", "h0,h1", "--host", "h1",
             "--node-rank", "1", "--store", "127.0.0.1:1", "--attempt", "a1", "--key-file", "k",
             "--storage-timeout", "0.5", "--", "true"]  # fmt: skip
