@@ -40,7 +40,7 @@ class Ending:
     escalated: bool
     last_progress: float
     first_train: tuple[float, int] | None
-    restarts: int
+    restarts: int  # restarts.Restarting's
     attempts: list[dict]
     # and, from supervise.Agent: say() and _record()
 

@@ -71,8 +71,9 @@ def failure(
             "restartable": restartable}  # fmt: skip
 
 
-def restart_refusal(cause: Failure, earlier: list[Failure], used: int, allowed: int) -> str | None:
-    """None when a failed run restarts in place; else why not, '' when that goes without
+def restart_refusal(cause: Failure, earlier: list[Failure], allowed: int) -> str | None:
+    """None when a failed run restarts in place after the restarts that ``earlier`` caused;
+    else why not, '' when that goes without
     saying (restarts off, or not a rank's failure on a host still there: a host gone, the
     store lost, the time limit). Said: the rank's own verdict that a restart cannot help, the
     restarts used up, or the same rank failing at the same step as before the last restart (a
@@ -82,7 +83,7 @@ def restart_refusal(cause: Failure, earlier: list[Failure], used: int, allowed: 
     final = FINAL_EXITS.get(cause.get("exit_code"))  # type: ignore[arg-type]
     if final:
         return f"not restarted: {final} (exit code {cause.get('exit_code')})"
-    if used >= allowed:
+    if len(earlier) >= allowed:
         return f"not restarted: all {allowed} restart(s) used"
     last = earlier[-1] if earlier else None
     if (

@@ -145,10 +145,8 @@ class Peers:
 
     def _exchange(self, record: dict) -> tuple[dict | None, dict | None]:
         assert self.store is not None
-        me = self.cfg.node_rank
-        self._set(self._scoped(f"ranks/{me}"), record)
-        self.beats += 1
-        self._set(f"alive/{me}", {"count": self.beats})
+        self._set(self._scoped(f"ranks/{self.cfg.node_rank}"), record)
+        self._keepalive()
         now = time.time()
         for node in range(self.n):
             alive = self._get(f"alive/{node}")
@@ -163,6 +161,11 @@ class Peers:
                 if done is not None:
                     self.exits[node] = done
         return self._get(self._scoped("failure")), self._get("stop")
+
+    def _keepalive(self) -> None:
+        """This host's keepalive: a count that grows with each call (Peers.seen)."""
+        self.beats += 1
+        self._set(f"alive/{self.cfg.node_rank}", {"count": self.beats})
 
     def exit_causes(self) -> list[dict]:
         """The failed exits the other hosts' agents published (their ``cause``), as last read."""
@@ -225,14 +228,13 @@ class Peers:
         ``within`` s for every host to say so (keeping this one's keepalive going), and forget
         the last generation's views; returns the hosts that did not come (empty: all ready)."""
         self.generation, self.views = generation, {}
-        me = self.cfg.node_rank
-        self._guarded(lambda: self._set(f"ready/{me}@{generation}", {"host": self.cfg.host}))
+        mine = self._scoped(f"ready/{self.cfg.node_rank}")
+        self._guarded(lambda: self._set(mine, {"host": self.cfg.host}))
         deadline = time.time() + within
 
         def missing_hosts() -> list[int]:
-            self.beats += 1
-            self._set(f"alive/{me}", {"count": self.beats})
-            return [n for n in range(self.n) if self._get(f"ready/{n}@{generation}") is None]
+            self._keepalive()
+            return [n for n in range(self.n) if self._get(self._scoped(f"ready/{n}")) is None]
 
         while True:
             missing = self._guarded(missing_hosts)

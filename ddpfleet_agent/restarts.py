@@ -5,10 +5,10 @@ restart_refusal`` allows it (a rank's failure on a host still there, restarts le
 same rank at the same step as before the last restart), every agent decides the same from the
 failure claimed in the store: it kills its ranks, says it is ready in the store's next
 generation (``Peers.regroup``), and once every host is, starts its command again with
-``DDPFLEET_RESTART=<n>`` (ddpfleet's trainer then resumes from the newest checkpoint, whatever
-``--resume`` said). Each start is an entry of the run's ``attempts`` list (progress.json, and
-summary.json at the end): hosts, world size, start time, the steps it ran, the cause of the
-restart and the heal time (the failure to the first step of the new start).
+``DDPFLEET_RESTART=<n>`` (``RESTART_ENV``; ddpfleet's trainer then resumes from the newest
+checkpoint, whatever ``--resume`` said). Each start is an entry of the run's ``attempts`` list
+(progress.json, and summary.json at the end): hosts, world size, start time, the steps it ran,
+the cause of the restart and the heal time (the failure to the first step of the new start).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from ddpfleet_agent import failures
 from ddpfleet_agent.peers import StoreLost
 from ddpfleet_agent.ranks import KILL_WAIT
 from ddpfleet_agent.records import cause_line
+
+RESTART_ENV = "DDPFLEET_RESTART"  # the restart count, in the restarted command's environment
 
 if TYPE_CHECKING:
     from ddpfleet_agent.cli import AgentConfig
@@ -41,9 +43,13 @@ class Restarting:
     child_env: dict[str, str]
     # and, from supervise.Agent: say(), _failure(), _claim()
 
-    restarts = 0  # restarts in place so far
-    causes: list[Failure]
+    causes: list[Failure]  # the failures the run was restarted after, in order
     attempts: list[dict]
+
+    @property
+    def restarts(self) -> int:
+        """Restarts in place so far."""
+        return len(self.causes)
 
     @property
     def label(self) -> str:
@@ -53,7 +59,7 @@ class Restarting:
     def _start_ranks(self, cause: Failure | None = None) -> None:
         """Start the command (again) and open its entry in the attempts list."""
         if self.restarts:
-            self.child_env["DDPFLEET_RESTART"] = str(self.restarts)
+            self.child_env[RESTART_ENV] = str(self.restarts)
         self.ranks.start(self.child_env)
         cfg = self.cfg
         self.attempts.append({
@@ -83,14 +89,13 @@ class Restarting:
         cause = self.failure
         if outcome != "failed" or cause is None or self.signum or not self.store_ok:
             return False
-        why = failures.restart_refusal(cause, self.causes, self.restarts, self.cfg.restarts)
+        why = failures.restart_refusal(cause, self.causes, self.cfg.restarts)
         if why is not None:
             if why:
                 self.failure = {**cause, "reason": f"{cause.get('reason')}; {why}"}
             return False
         self.ranks.kill_all()
         self.ranks.wait_output()
-        self.restarts += 1
         self.causes.append(cause)
         self.say(
             f"restart {self.restarts} of {self.cfg.restarts} from the newest checkpoint after: "

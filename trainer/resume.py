@@ -10,12 +10,11 @@ import dataclasses
 import os
 from pathlib import Path
 
+from ddpfleet_agent.restarts import RESTART_ENV
 from trainer import checkpoint as ckpt
 from trainer import distributed as dist_utils
 from trainer.config import BadInputError, TrainConfig
 from trainer.metrics import LOG
-
-RESTART_ENV = "DDPFLEET_RESTART"  # set by the run agent when it restarts the run in place
 
 
 def restarted(cfg: TrainConfig) -> TrainConfig:

@@ -66,19 +66,20 @@ CRASH = {"host": "h1", "rank": 1, "exit_code": 1, "reason": "x", "step": 7, "res
 
 
 @pytest.mark.parametrize(
-    ("cause", "earlier", "used", "allowed", "verdict"),
+    ("cause", "earlier", "allowed", "verdict"),
     [
-        (CRASH, [], 0, 2, None),
-        (CRASH, [], 0, 0, ""),  # restarts off: today's behaviour, nothing said
-        ({**CRASH, "restartable": False}, [], 0, 2, ""),  # a host gone, the store lost
-        ({**CRASH, "exit_code": 2}, [], 0, 2, "not restarted: bad input (exit code 2)"),
-        (CRASH, [{**CRASH, "step": 5}], 2, 2, "not restarted: all 2 restart(s) used"),
-        (CRASH, [{**CRASH, "step": 5}], 1, 2, None),  # another step: it made progress
-        (CRASH, [{**CRASH, "rank": 0}], 1, 2, None),  # another rank
-        (CRASH, [CRASH], 1, 2,
+        (CRASH, [], 2, None),
+        (CRASH, [], 0, ""),  # restarts off: today's behaviour, nothing said
+        ({**CRASH, "restartable": False}, [], 2, ""),  # a host gone, the store lost
+        ({**CRASH, "exit_code": 2}, [], 2, "not restarted: bad input (exit code 2)"),
+        (CRASH, [{**CRASH, "step": 3}, {**CRASH, "step": 5}], 2,
+         "not restarted: all 2 restart(s) used"),
+        (CRASH, [{**CRASH, "step": 5}], 2, None),  # another step: it made progress
+        (CRASH, [{**CRASH, "rank": 0}], 2, None),  # another rank
+        (CRASH, [CRASH], 2,
          "not restarted: rank 1 failed again at step 7 (a deterministic error)"),
-        ({**CRASH, "step": None}, [{**CRASH, "step": None}], 1, 2, None),  # step unknown
+        ({**CRASH, "step": None}, [{**CRASH, "step": None}], 2, None),  # step unknown
     ],
 )  # fmt: skip
-def test_restart_refusal(cause, earlier, used, allowed, verdict):
-    assert restart_refusal(cause, earlier, used, allowed) == verdict
+def test_restart_refusal(cause, earlier, allowed, verdict):
+    assert restart_refusal(cause, earlier, allowed) == verdict
