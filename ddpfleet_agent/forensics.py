@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ddpfleet_agent.files import write_json_atomic
 from ddpfleet_agent.hoststate import host_state, nvidia_smi
+from ddpfleet_agent.ranks import parents
 from ddpfleet_agent.stacks import diagnose, where
 
 DUMP_TIMEOUT = 5.0  # seconds one rank's dump may take; the teardown waits no longer
@@ -59,18 +60,13 @@ def rank_of(pid: int) -> int | None:
     return None
 
 
-def _parent(pid: int) -> int:
-    stat = _proc(pid, "stat").decode(errors="replace")
-    return int(stat.rsplit(")", 1)[1].split()[1]) if ")" in stat else 0
-
-
 def rank_pids() -> list[int]:
     """The rank processes visible here (the run container's): those with a RANK whose parent
     has none (a rank's data-loader workers inherit its RANK)."""
     mine = os.getpid()
-    ranked = {int(p) for p in os.listdir("/proc")
-              if p.isdigit() and int(p) != mine and rank_of(int(p)) is not None}  # fmt: skip
-    return sorted(pid for pid in ranked if _parent(pid) not in ranked)
+    parent = parents()
+    ranked = {pid for pid in parent if pid != mine and rank_of(pid) is not None}
+    return sorted(pid for pid in ranked if parent[pid] not in ranked)
 
 
 def _fds(pid: int) -> int | None:

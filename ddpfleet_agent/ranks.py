@@ -49,27 +49,40 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-def children(pid: int) -> list[int]:
-    """Direct children of pid (from /proc; empty when it has none or is gone)."""
-    found = []
+def parents() -> dict[int, int]:
+    """pid -> parent pid of every process, from one scan of /proc."""
+    found: dict[int, int] = {}
     with contextlib.suppress(OSError):
         for name in os.listdir("/proc"):
             if name.isdigit():
                 with contextlib.suppress(OSError, IndexError, ValueError):
                     stat = Path(f"/proc/{name}/stat").read_text()
-                    if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                        found.append(int(name))
+                    found[int(name)] = int(stat.rsplit(")", 1)[1].split()[1])
     return found
 
 
+def children(pid: int) -> list[int]:
+    """Direct children of pid (empty when it has none or is gone)."""
+    return [child for child, parent in parents().items() if parent == pid]
+
+
 def descendants(pid: int) -> list[int]:
-    """Every process below pid, parents before children."""
+    """Every process below pid, parents before children (one scan of /proc)."""
+    below: dict[int, list[int]] = {}
+    for child, parent in parents().items():
+        below.setdefault(parent, []).append(child)
     out, todo = [], [pid]
     while todo:
-        for child in children(todo.pop()):
+        for child in below.get(todo.pop(), []):
             out.append(child)
             todo.append(child)
     return out
+
+
+def _signal(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
 
 
 def read_heartbeats(directory: Path) -> dict[int, dict]:
@@ -173,18 +186,23 @@ class LocalRanks:
     def signal_ranks(self, signum: int) -> list[int]:
         """Signal each rank process (not their groups: loader workers are the rank's business)."""
         pids = self.rank_pids()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signum)
+        _signal(pids, signum)
         return pids
 
     def kill_all(self) -> None:
-        """SIGKILL the command and everything below it (frozen processes too), then reap it."""
+        """SIGKILL the command and everything below it (frozen processes too), then reap it.
+        The tree is stopped first, until a scan finds nothing new, so that a process still
+        forking cannot leave a child behind the kill."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        tree: list[int] = [self.proc.pid]
+        while True:
+            _signal(tree, signal.SIGSTOP)
+            found = [self.proc.pid, *descendants(self.proc.pid)]
+            if set(found) <= set(tree):
+                break
+            tree = list(dict.fromkeys([*tree, *found]))
+        _signal(tree, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=KILL_WAIT)
 
