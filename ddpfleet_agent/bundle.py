@@ -48,7 +48,7 @@ def take(agent: Agent, failure: dict) -> str | None:
             silent = agent.peers.silent(time.time(), min(5.0, cfg.peer_timeout))
             # nor for one whose ranks had all exited already: it has nothing to dump
             done = [n for n, v in agent.peers.views.items() if v.get("state") == "exited"]
-            heard = set(range(len(cfg.hosts))) - set(silent) - set(done)
+            heard = set(agent.peers.members) - set(silent) - set(done)
             if heard <= set(dumps):
                 break
             time.sleep(cfg.tick / 2)
@@ -58,7 +58,7 @@ def take(agent: Agent, failure: dict) -> str | None:
         return None
     missing = {
         cfg.hosts[n]: [r["rank"] for r in agent.peers.views.get(n, {}).get("ranks") or []]
-        for n in range(len(cfg.hosts))
+        for n in agent.peers.members
         if n not in dumps
     }
     head = {"run_id": cfg.run_id, "attempt": agent.label, "reason": failure.get("reason"),

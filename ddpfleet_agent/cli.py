@@ -42,6 +42,7 @@ class AgentConfig:
     metrics_host: str = ""  # the Prometheus endpoint's address and port ('': none)
     metrics_port: int = 0
     restarts: int = 0  # restarts in place after a rank's failure (restarts.py)
+    min_hosts: int = 0  # go on without a host that is gone while this many remain (0: never)
     tick: float = 0.5  # seconds between supervision rounds
     settle: float = 2.0  # seconds to watch the peers before naming the cause of an exit
 
@@ -125,6 +126,13 @@ def _parser() -> argparse.ArgumentParser:
         "host that is still there, at most this many times (0: the first failure ends the run)",
     )
     p.add_argument(
+        "--min-hosts",
+        type=int,
+        default=0,
+        help="with --restarts: restart the run without a host that is gone (silent past "
+        "--peer-timeout) while at least this many hosts remain (0: a host gone ends the run)",
+    )
+    p.add_argument(
         "--metrics",
         default="",
         help="ADDR:PORT of this agent's Prometheus endpoint (empty: none)",
@@ -161,6 +169,8 @@ def parse_args(argv: list[str]) -> AgentConfig:
         raise BadAgentInput("--dump-timeout must be from 0 to 60")
     if not 0 <= ns.restarts <= 1000:
         raise BadAgentInput("--restarts must be from 0 to 1000")
+    if not 0 <= ns.min_hosts <= len(hosts):
+        raise BadAgentInput(f"--min-hosts must be from 0 to the {len(hosts)} hosts of --hosts")
     if not 0 <= ns.straggler_ratio <= 1:
         raise BadAgentInput("--straggler-ratio must be from 0 to 1")
     for name in (
@@ -194,4 +204,5 @@ def parse_args(argv: list[str]) -> AgentConfig:
         metrics_host=metrics_host,
         metrics_port=metrics_port,
         restarts=ns.restarts,
+        min_hosts=ns.min_hosts,
     )

@@ -99,9 +99,9 @@ class Ending:
         a completed run, then the final progress.json (what the follower waits for)."""
         cfg = self.cfg
         outcomes = {cfg.hosts[n]: rec.get("outcome") for n, rec in self.peers.exits.items()}
-        status = run_status(cfg.hosts, {**outcomes, cfg.host: outcome}, self.failure is not None)
+        status = run_status(self.hosts, {**outcomes, cfg.host: outcome}, self.failure is not None)
         if status == "completed":
-            self.records.write_report(cfg.run_id, cfg.hosts, cfg.nproc, cfg.straggler_ratio)
+            self.records.write_report(cfg.run_id, self.hosts, cfg.nproc, cfg.straggler_ratio)
         record = self._progress_record(time.time(), "ended", status)
         self.records.write_progress(record, final=True)
 
@@ -152,12 +152,13 @@ class Ending:
         hosts = {
             name: {
                 "exit_code": exits.get(node, {}).get("exit_code"),
-                "outcome": exits.get(node, {}).get("outcome", "no exit record"),
+                "outcome": exits.get(node, {}).get("outcome", self._unheard(node)),
             }
             for node, name in enumerate(cfg.hosts)
         }
         started = self.ranks.started or time.time()
-        facts = {"program": cfg.program, "world_size": cfg.world_size, "hosts": hosts,
+        world = self.attempts[-1]["world_size"] if self.attempts else cfg.world_size
+        facts = {"program": cfg.program, "world_size": world, "hosts": hosts,
                  "started_at": started, "ended_at": mine["time"],
                  "wall_time_sec": round(mine["time"] - started, 1)}  # fmt: skip
         self.records.write_program_summary(
@@ -180,7 +181,7 @@ class Ending:
                 self.peers.exchange(self._record("exited"))
             except StoreLost:
                 return
-            waiting = [n for n in range(len(self.cfg.hosts)) if n != self.cfg.node_rank]
+            waiting = [n for n in self.peers.members if n != self.cfg.node_rank]
             if all(n in self.peers.exits or n in gone for n in waiting):
                 return
             time.sleep(self.cfg.tick)
@@ -208,6 +209,8 @@ class Ending:
         for node, name in enumerate(cfg.hosts):
             if node in self.peers.exits or views.get(node, {}).get("state") == "exited":
                 hosts[name] = "exited"
+            elif node not in self.peers.members:
+                hosts[name] = "left out"
             elif node not in self.peers.seen:
                 hosts[name] = "starting"
             elif now - self.peers.seen[node][1] > max(3 * cfg.tick, 5.0):

@@ -48,6 +48,7 @@ class Failure(TypedDict, total=False):
     claimed_by: str  # the host whose agent judged it
     step: int | None  # the step the rank to blame had reached, where known
     restartable: bool  # a rank's failure on a host still there: restarting in place may heal it
+    gone: bool  # the host itself is gone or cut off: the run may go on without it (--min-hosts)
 
 
 # A rank's own verdict that a restart would fail the same way (trainer.runner's exit codes):
@@ -65,24 +66,35 @@ def failure(
     judge: str,
     step: int | None = None,
     restartable: bool = False,
+    gone: bool = False,
 ) -> Failure:
     return {"host": hosts[node], "node_rank": node, "rank": rank, "exit_code": code,
             "reason": reason, "time": time.time(), "claimed_by": judge, "step": step,
-            "restartable": restartable}  # fmt: skip
+            "restartable": restartable, "gone": gone}  # fmt: skip
 
 
-def restart_refusal(cause: Failure, earlier: list[Failure], allowed: int) -> str | None:
-    """None when a failed run restarts in place after the restarts that ``earlier`` caused;
-    else why not, '' when that goes without
-    saying (restarts off, or not a rank's failure on a host still there: a host gone, the
-    store lost, the time limit). Said: the rank's own verdict that a restart cannot help, the
-    restarts used up, or the same rank failing at the same step as before the last restart (a
-    deterministic error must not loop)."""
-    if allowed <= 0 or not cause.get("restartable"):
-        return ""
-    final = FINAL_EXITS.get(cause.get("exit_code"))  # type: ignore[arg-type]
-    if final:
-        return f"not restarted: {final} (exit code {cause.get('exit_code')})"
+def too_few(members: int, min_hosts: int) -> str:
+    """Why the run cannot go on with ``members`` hosts ('' when it can): fewer than
+    ``min_hosts`` (0: every host of the run, i.e. no shrinking)."""
+    if not min_hosts:
+        return ""  # shrinking was not asked for: a host gone ends the run, as it always did
+    return "" if members >= min_hosts else f"{members} host(s) left, train_min_hosts is {min_hosts}"
+
+
+def restart_refusal(
+    cause: Failure, earlier: list[Failure], allowed: int, *, members: int = 0, min_hosts: int = 0
+) -> str | None:
+    """None when a failed run restarts (in place, or without a host that is gone) after the
+    restarts that ``earlier`` caused; else why not, '' when that goes without saying (restarts
+    off, a host gone with shrinking off, the store lost, the time limit). Said: the rank's own
+    verdict that a restart cannot help, the restarts used up, the same rank failing at the same
+    step as before the last restart (a deterministic error must not loop), too few hosts left
+    (``members``: the hosts of the attempt that failed, ``min_hosts``: ``too_few``), or the
+    host of the run's store gone (node rank 0: the agents' store and torchrun's went with it).
+    """
+    why = _kind_refusal(cause, members, min_hosts) if allowed > 0 else ""
+    if why is not None:
+        return why
     if len(earlier) >= allowed:
         return f"not restarted: all {allowed} restart(s) used"
     last = earlier[-1] if earlier else None
@@ -97,6 +109,21 @@ def restart_refusal(cause: Failure, earlier: list[Failure], allowed: int) -> str
             "(a deterministic error)"
         )
     return None
+
+
+def _kind_refusal(cause: Failure, members: int, min_hosts: int) -> str | None:
+    """restart_refusal's verdict on the kind of failure alone (None: a restart may heal it)."""
+    if cause.get("gone"):
+        if not min_hosts:
+            return ""
+        if cause.get("node_rank") == 0:
+            return "not restarted: the host of the run's store (node rank 0) is gone"
+        short = too_few(members - 1, min_hosts)
+        return f"not restarted: {short}" if short else None
+    if not cause.get("restartable"):
+        return ""
+    final = FINAL_EXITS.get(cause.get("exit_code"))  # type: ignore[arg-type]
+    return f"not restarted: {final} (exit code {cause.get('exit_code')})" if final else None
 
 
 def rank_problem(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import itertools
 import json
 import shlex
 from pathlib import Path
@@ -141,13 +142,21 @@ def progress_line(run_id: str, p: dict, hosts: list[str]) -> str:
 
 
 def restart_lines(run_id: str, p: dict, shown: int) -> list[str]:
-    """One line per restart in progress.json's attempts after the first ``shown`` ones."""
-    return [
-        f"run {run_id}: restarted in place ({a.get('restart')}) from the newest checkpoint "
-        f"after: {a.get('cause')}"
-        for a in (p.get("attempts") or [])[1:]
-        if isinstance(a, dict) and isinstance(a.get("restart"), int) and a["restart"] > shown
-    ]
+    """One line per restart in progress.json's attempts after the first ``shown`` ones: in
+    place, or on the hosts left (without those gone)."""
+    attempts = [a for a in p.get("attempts") or [] if isinstance(a, dict)]
+    lines = []
+    for before, a in itertools.pairwise(attempts):
+        if not isinstance(a.get("restart"), int) or a["restart"] <= shown:
+            continue
+        hosts, gone = (
+            a.get("hosts") or [],
+            [h for h in before.get("hosts") or [] if h not in (a.get("hosts") or [])],
+        )
+        where = f"on {len(hosts)} hosts (without {', '.join(gone)})" if gone else "in place"
+        lines.append(f"run {run_id}: restarted {where} ({a['restart']}) from the newest "
+                     f"checkpoint after: {a.get('cause')}")  # fmt: skip
+    return lines
 
 
 def run_status(snap: dict, containers: dict) -> str:

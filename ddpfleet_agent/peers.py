@@ -5,7 +5,8 @@ exit it saw, ``cause``, once its command failed), ``failure`` the first failure 
 (compare-and-set), ``stop`` a requested stop, ``exit/<n>`` how a host's command ended,
 ``dumped/<n>`` the host's forensics record of a failed run (bundle.py), ``ready/<n>`` the host
 back from a failure and ready to restart. A run restarted in place (``--restarts``) is a new
-generation: its ``ranks``, ``failure``, ``dumped`` and ``ready`` keys end in ``@<generation>``
+generation, of the hosts still in it (``members``: a host gone is left out when the run may
+shrink): its ``ranks``, ``failure``, ``dumped`` and ``ready`` keys end in ``@<generation>``
 (sealed under that name: an earlier generation's value does not pass for one of this), the
 keepalive, ``stop`` and ``exit`` keys are the run's. Ages are measured by each host on its own
 clock, so clocks need not agree.
@@ -51,6 +52,7 @@ class Peers:
         self.key = b""
         self.beats = 0  # this host's keepalive count
         self.generation = 0  # restarts in place so far (supervise.Agent)
+        self.members = list(range(self.n))  # the node ranks of this generation's hosts
 
     def _scoped(self, key: str) -> str:
         """The key of this generation (the first one's have no suffix)."""
@@ -148,7 +150,7 @@ class Peers:
         self._set(self._scoped(f"ranks/{self.cfg.node_rank}"), record)
         self._keepalive()
         now = time.time()
-        for node in range(self.n):
+        for node in self.members:
             alive = self._get(f"alive/{node}")
             count = alive["count"] if alive is not None else 0
             if count > self.seen.get(node, (0, now))[0]:  # grown: a value sent again is stale
@@ -181,7 +183,7 @@ class Peers:
         """Other hosts without a keepalive for `after` seconds (since start when never seen),
         leaving out those that reported their exit."""
         out = []
-        for node in range(self.n):
+        for node in self.members:
             if node == self.cfg.node_rank or node in self.exits:
                 continue
             last = self.seen.get(node, (0, self.started))[1]
@@ -214,7 +216,7 @@ class Peers:
     def dumps(self) -> dict[int, dict]:
         """node -> the forensics record its agent published, for those that did."""
         got = self._guarded(
-            lambda: {n: self._get(self._scoped(f"dumped/{n}")) for n in range(self.n)}
+            lambda: {n: self._get(self._scoped(f"dumped/{n}")) for n in self.members}
         )
         return {n: v for n, v in got.items() if v is not None}  # type: ignore[union-attr]
 
@@ -223,25 +225,35 @@ class Peers:
         key = f"exit/{self.cfg.node_rank}"
         self._guarded(lambda: self._set(key, record))
 
-    def regroup(self, generation: int, within: float) -> list[int]:
-        """Enter restart ``generation``: say this host is ready (its ranks are gone), wait up to
-        ``within`` s for every host to say so (keeping this one's keepalive going), and forget
-        the last generation's views; returns the hosts that did not come (empty: all ready)."""
+    def regroup(self, generation: int, within: float, left_out: list[int]) -> dict:
+        """Enter restart ``generation`` without the hosts ``left_out``: say this host is ready
+        (its ranks are gone) and keep its keepalive going until node rank 0 says who restarts:
+        the members ready within ``within`` s, once all are or that time is up (``members@<n>``:
+        ``nodes``, and ``missing``, those that did not come). Returns that; ``members`` is its
+        ``nodes`` from here, and the last generation's views are forgotten."""
         self.generation, self.views = generation, {}
-        mine = self._scoped(f"ready/{self.cfg.node_rank}")
+        expected = [n for n in self.members if n not in left_out]
+        mine, decided = self._scoped(f"ready/{self.cfg.node_rank}"), self._scoped("members")
         self._guarded(lambda: self._set(mine, {"host": self.cfg.host}))
         deadline = time.time() + within
 
-        def missing_hosts() -> list[int]:
+        def decision() -> dict | None:
             self._keepalive()
-            return [n for n in range(self.n) if self._get(self._scoped(f"ready/{n}")) is None]
+            if not self.cfg.is_server:
+                return self._get(decided)
+            ready = [n for n in expected if self._get(self._scoped(f"ready/{n}")) is not None]
+            if len(ready) < len(expected) and time.time() <= deadline:
+                return None
+            said = {"nodes": ready, "missing": [n for n in expected if n not in ready]}
+            self._set(decided, said)
+            return said
 
-        while True:
-            missing = self._guarded(missing_hosts)
-            if not missing or time.time() > deadline:
-                break
+        while (said := self._guarded(decision)) is None:
+            if time.time() > deadline + self.cfg.peer_timeout:
+                raise StoreLost(f"node rank 0 did not say who restarts within {within:.0f}s")
             time.sleep(self.cfg.tick)
         now = time.time()  # the keepalives count again from here
         self.seen = {node: (count, now) for node, (count, _) in self.seen.items()}
         self.started = now
-        return missing  # type: ignore[return-value]
+        self.members = list(said["nodes"])  # type: ignore[index]
+        return said  # type: ignore[return-value]

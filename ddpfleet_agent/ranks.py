@@ -126,6 +126,8 @@ def rank_views(beats: dict[int, dict], now: float) -> list[dict]:
                 "progress_age": None if prog is None else round(now - prog, 2),
                 "loss": number(rec.get("loss")),
                 "images_per_sec": number(rec.get("images_per_sec")),
+                "batch": number(rec.get("batch")),  # its share of the global batch (trainer)
+                "micro_batches": number(rec.get("micro_batches")),
             }
         )
     return views

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddpfleet_agent import failures
@@ -23,6 +24,26 @@ from ddpfleet_agent.ranks import KILL_WAIT
 from ddpfleet_agent.records import cause_line
 
 RESTART_ENV = "DDPFLEET_RESTART"  # the restart count, in the restarted command's environment
+# In a run that goes on without a host (``--min-hosts``): the first attempt's world size and
+# which of its global ranks remain, in the new ranks' order. ddpfleet's trainer splits the
+# same global batch among them (trainer.balance.attempt_batches).
+FULL_WORLD_ENV, KEPT_RANKS_ENV = "DDPFLEET_FULL_WORLD", "DDPFLEET_KEPT_RANKS"
+
+
+def regrouped(command: list[str], nnodes: int, node_rank: int) -> list[str]:
+    """The command with torchrun's ``--nnodes`` and ``--node-rank`` for a new membership:
+    torchrun's own options (``--name=value``, as launch.yml writes them, up to the program)."""
+    out = list(command)
+    at = next((i for i, part in enumerate(out) if Path(part).name == "torchrun"), len(out))
+    for i in range(at + 1, len(out)):
+        if not out[i].startswith("--"):
+            break
+        if out[i].startswith("--nnodes="):
+            out[i] = f"--nnodes={nnodes}"
+        elif out[i].startswith("--node-rank="):
+            out[i] = f"--node-rank={node_rank}"
+    return out
+
 
 if TYPE_CHECKING:
     from ddpfleet_agent.cli import AgentConfig
@@ -56,16 +77,28 @@ class Restarting:
         """This start's name: the attempt, with -r<n> after the n-th restart (forensics)."""
         return f"{self.cfg.attempt}-r{self.restarts}" if self.restarts else self.cfg.attempt
 
+    @property
+    def hosts(self) -> list[str]:
+        """The hosts of this start, in its node-rank order."""
+        return [self.cfg.hosts[n] for n in self.peers.members]
+
     def _start_ranks(self, cause: Failure | None = None) -> None:
-        """Start the command (again) and open its entry in the attempts list."""
+        """Start the command (again: on the hosts still members, renumbered) and open its
+        entry in the attempts list."""
+        cfg, env, members = self.cfg, self.child_env, self.peers.members
         if self.restarts:
-            self.child_env[RESTART_ENV] = str(self.restarts)
-        self.ranks.start(self.child_env)
-        cfg = self.cfg
+            env[RESTART_ENV] = str(self.restarts)
+        world = cfg.nproc * len(members) if cfg.world_size else None
+        if len(members) < len(cfg.hosts):
+            self.ranks.command = regrouped(cfg.command, len(members), members.index(cfg.node_rank))
+            kept = [n * cfg.nproc + local for n in members for local in range(cfg.nproc)]
+            env[FULL_WORLD_ENV], env[KEPT_RANKS_ENV] = str(cfg.world_size), ",".join(map(str, kept))
+        self.ranks.start(env)
         self.attempts.append({
             "attempt": cfg.attempt, "restart": self.restarts, "started": self.ranks.started,
-            "hosts": list(cfg.hosts), "world_size": cfg.world_size or None, "from_step": None,
-            "to_step": None, "cause": cause_line(cfg.run_id, cause) if cause else None,
+            "hosts": self.hosts, "world_size": world, "global_batch": None, "shares": None,
+            "from_step": None, "to_step": None,
+            "cause": cause_line(cfg.run_id, cause) if cause else None,
             "failed_at": cause.get("time") if cause else None, "heal_sec": None,
         })  # fmt: skip
 
@@ -79,17 +112,40 @@ class Restarting:
         entry = self.attempts[-1]
         if entry["from_step"] is None:
             entry["from_step"] = step
+        if entry["shares"] is None:
+            self._shares(entry)
         entry["to_step"] = step
         if entry["failed_at"] and entry["heal_sec"] is None and step > entry["from_step"]:
             entry["heal_sec"] = round(now - entry["failed_at"], 1)
 
+    def _shares(self, entry: dict) -> None:
+        """The start's global batch and every rank's share of it (in micro-batches where
+        more than one), as its ranks' heartbeats say once every rank has said it."""
+        ranks = sorted((r for n in self.peers.members
+                        for r in self.peers.views.get(n, {}).get("ranks") or []),
+                       key=lambda r: r["rank"])  # fmt: skip
+        shares = [r.get("batch") for r in ranks]
+        if not shares or None in shares or len(shares) != (entry["world_size"] or len(shares)):
+            return
+        micro = [int(r.get("micro_batches") or 1) for r in ranks]
+        entry["shares"], entry["global_batch"] = [int(b) for b in shares], int(sum(shares))
+        if max(micro) > 1:
+            entry["micro_batches"] = micro
+
+    def _unheard(self, node: int) -> str:
+        """The outcome of a host without an exit record: left out of the run, or unknown."""
+        return "no exit record" if node in self.peers.members else "left out"
+
     def _restarted(self, outcome: str) -> bool:
-        """After the run failed: restart it in place (True) or let it end (False; a refusal
-        worth saying goes into the failure's reason)."""
-        cause = self.failure
+        """After the run failed: restart it (True), in place or without a host that is gone,
+        or let it end (False; a refusal worth saying goes into the failure's reason)."""
+        cause, cfg = self.failure, self.cfg
         if outcome != "failed" or cause is None or self.signum or not self.store_ok:
             return False
-        why = failures.restart_refusal(cause, self.causes, self.cfg.restarts)
+        members = len(self.peers.members)
+        why = failures.restart_refusal(
+            cause, self.causes, cfg.restarts, members=members, min_hosts=cfg.min_hosts
+        )
         if why is not None:
             if why:
                 self.failure = {**cause, "reason": f"{cause.get('reason')}; {why}"}
@@ -97,20 +153,26 @@ class Restarting:
         self.ranks.kill_all()
         self.ranks.wait_output()
         self.causes.append(cause)
+        without = f" without {cause.get('host')}" if cause.get("gone") else " in place"
         self.say(
-            f"restart {self.restarts} of {self.cfg.restarts} from the newest checkpoint after: "
-            + cause_line(self.cfg.run_id, cause)
+            f"restart {self.restarts} of {cfg.restarts}{without} from the newest checkpoint "
+            f"after: {cause_line(cfg.run_id, cause)}"
         )
         try:
             # the others may still be taking their forensics bundle and killing their ranks
-            within = self.cfg.peer_timeout + self.cfg.dump_timeout + KILL_WAIT
-            missing = self.peers.regroup(self.restarts, within)
+            within = cfg.peer_timeout + cfg.dump_timeout + KILL_WAIT
+            left_out = [int(cause.get("node_rank", -1))] if cause.get("gone") else []
+            said = self.peers.regroup(self.restarts, within, left_out)
         except StoreLost as exc:
             self.store_ok = False
             why = f"lost the run's store at a restart ({exc})"
             self.failure = self._failure(0, None, None, why)
             return False
-        if missing:
+        if cfg.node_rank not in said["nodes"]:
+            self.say("left out of the restarted run: its other hosts went on without this one")
+            return False
+        missing = said["missing"]
+        if missing and (not cfg.min_hosts or failures.too_few(len(said["nodes"]), cfg.min_hosts)):
             gone = self._failure(missing[0], None, None, "its agent did not come back to restart")
             self.failure = self._claim(gone)
             return False

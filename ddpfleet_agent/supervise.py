@@ -55,16 +55,24 @@ class Agent(Ending, Restarting):
         self.signum = self.signum or signum
 
     def _failure(
-        self, node: int, rank: int | None, code: int | None, reason: str, *, ranks: bool = False
+        self,
+        node: int,
+        rank: int | None,
+        code: int | None,
+        reason: str,
+        *,
+        ranks: bool = False,
+        gone: bool = False,
     ) -> Failure:
-        """``ranks``: a failure of a rank's own (its exit, frozen), which a restart may heal."""
+        """``ranks``: a failure of a rank's own (its exit, frozen), which a restart may heal;
+        ``gone``: another host without a keepalive (the run may go on without it)."""
         views = self.peers.views.get(node, {}).get("ranks") or []
         if rank is None:  # a whole host: name its first rank (the only one with one per host)
             rank = min((r["rank"] for r in views), default=None)
         local = rank_views(self.ranks.heartbeats(), 0) if node == self.cfg.node_rank else []
         step = {r["rank"]: r["step"] for r in [*views, *local]}.get(rank)  # its last word
         return failures.failure(self.cfg.hosts, node, rank, code, reason, judge=self.cfg.host,
-                                step=step, restartable=ranks)  # fmt: skip
+                                step=step, restartable=ranks, gone=gone)  # fmt: skip
 
     def _claim(self, failure: dict) -> dict:
         try:
@@ -230,6 +238,7 @@ class Agent(Ending, Restarting):
                 None,
                 None,
                 "host stopped responding (its agent's keepalive ended: container or host gone)",
+                gone=True,
             )
         elif self.store_ok:
             cause = failures.first_cause([mine, *self.peers.exit_causes()])
@@ -250,8 +259,9 @@ class Agent(Ending, Restarting):
         if hang is not None:
             return hang
         silent = self.peers.silent(now, cfg.peer_timeout)
-        gone = failures.host_problem(silent, len(cfg.hosts), cfg.node_rank, cfg.peer_timeout)
+        members = len(self.peers.members)
+        gone = failures.host_problem(silent, members, cfg.node_rank, cfg.peer_timeout)
         if gone is not None:
-            return self._failure(gone[0], None, None, gone[1])
+            return self._failure(gone[0], None, None, gone[1], gone=gone[0] != cfg.node_rank)
         late = failures.runtime_problem(self.attempts[0]["started"], now, cfg.max_runtime)
         return None if late is None else self._failure(cfg.node_rank, None, None, late)

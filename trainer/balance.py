@@ -9,14 +9,20 @@ mean over all B images, as with equal shares.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator, Sequence
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import Sampler
 
 from trainer.config import BadInputError
+from trainer.model import autocast
+
+if TYPE_CHECKING:
+    from trainer.engine import Run
 
 
 def parse_weights(text: str) -> list[float] | None:
@@ -70,6 +76,34 @@ def rank_batches(text: str, batch_size: int, world: int) -> list[int]:
     return split_batch(batch_size * world, weights)
 
 
+def attempt_batches(
+    text: str, batch_size: int, world: int, full_world: int = 0, kept: Sequence[int] | None = None
+) -> tuple[list[int], list[int]]:
+    """(every rank's share of the global batch, the most images it takes in one forward).
+
+    A run that goes on without a host (its agents' ``--min-hosts``) keeps the first attempt's
+    global batch ``batch_size * full_world``: ``kept`` names the first attempt's global ranks
+    that remain, in the new ranks' order, and the batch is split again by their weights. A
+    rank whose new share is more than its first attempt's share (what its memory was sized
+    for) takes it in micro-batches of at most that (gradient accumulation: trainer.engine)."""
+    full = full_world or world
+    first = rank_batches(text, batch_size, full)
+    order = list(range(full)) if kept is None else list(kept)
+    if len(order) != world or len(set(order)) != world or not all(0 <= r < full for r in order):
+        raise BadInputError(
+            f"kept ranks {order} do not name {world} distinct rank(s) of the first {full}"
+        )
+    if world == full:
+        return [first[r] for r in order], [first[r] for r in order]
+    weights = parse_weights(text) or [1.0] * full
+    return split_batch(sum(first), [weights[r] for r in order]), [first[r] for r in order]
+
+
+def micro_batches(share: int, most: int) -> int:
+    """How many forward/backward passes take ``share`` images at most ``most`` at a time."""
+    return max(1, -(-share // max(most, 1)))
+
+
 def loss_scale(local_batch: int, global_batch: int, world: int) -> float:
     """``b_r * W / B``: 1.0 exactly for equal shares."""
     return local_batch * world / global_batch
@@ -78,6 +112,28 @@ def loss_scale(local_batch: int, global_batch: int, world: int) -> float:
 def scaled_loss(loss: torch.Tensor, scale: float) -> torch.Tensor:
     """What rank r back-propagates (and logs): its mean loss times ``loss_scale``."""
     return loss if scale == 1.0 else loss * scale
+
+
+def forward_backward(run: Run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Forward and backward of this rank's share of the step, in ``run.micro`` pieces
+    (gradient accumulation: DDP all-reduces in the last piece's backward only). Each piece's
+    mean loss is weighed by its part of the share, so the gradient is the one of the whole
+    share at once (BatchNorm's statistics aside); returns the share's loss as DDP averages it
+    (times ``loss_scale``: the ranks' mean is the global batch's)."""
+    pieces = list(zip(x.tensor_split(run.micro), y.tensor_split(run.micro), strict=True))
+    total = torch.zeros((), device=x.device)
+    for i, (xs, ys) in enumerate(pieces):
+        last = i == len(pieces) - 1
+        no_sync = getattr(run.model, "no_sync", None)
+        with contextlib.nullcontext() if last or no_sync is None else no_sync():
+            with autocast(run.env.device, run.amp_dtype):
+                out = run.model(xs)
+                loss = run.criterion(out, ys) if len(ys) else out.float().sum() * 0.0
+            part = len(ys) / len(y) if len(y) else 1 / len(pieces)
+            loss = scaled_loss(loss, run.loss_scale * part)
+            run.scaler.scale(loss).backward()
+        total += loss.detach().float()
+    return total
 
 
 class WeightedDistributedSampler(Sampler):

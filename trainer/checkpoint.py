@@ -195,6 +195,7 @@ def save_run(run: Run, batch_in_epoch: int) -> None:
                 "epoch": run.epoch,
                 "batch_in_epoch": batch_in_epoch,
                 "world_size": run.env.world_size,
+                "global_batch": run.global_batch,
                 "rng": rng,
                 "args": dataclasses.asdict(run.cfg),
             },
@@ -206,7 +207,10 @@ def save_run(run: Run, batch_in_epoch: int) -> None:
 
 
 def restore_run(run: Run, state: dict) -> int:
-    """Load optimizer, schedule, scaler, position and RNG; returns the batch to start at."""
+    """Load optimizer, schedule, scaler, position and RNG; returns the batch to start at.
+    At another world size the ranks' RNG states do not carry over; the epoch goes on where it
+    was when the global batch is the same (step s takes the same images at any world size:
+    trainer.balance's sampler), else from the next epoch."""
     run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.scaler.load_state_dict(state["scaler"])
@@ -214,8 +218,8 @@ def restore_run(run: Run, state: dict) -> int:
     start_batch = int(state.get("batch_in_epoch", 0))
     if state.get("world_size") == run.env.world_size and len(state["rng"]) > run.env.rank:
         dist_utils.set_rng_state(state["rng"][run.env.rank])
-    elif start_batch:
-        LOG.warning("world size changed since the checkpoint: starting the next epoch")
+    elif start_batch and state.get("global_batch") != run.global_batch:
+        LOG.warning("global batch changed since the checkpoint: starting the next epoch")
         run.epoch, start_batch = run.epoch + 1, 0
     LOG.info("resumed from step %d (epoch %d, batch %d)", run.step, run.epoch, start_batch)
     return start_batch

@@ -184,15 +184,18 @@ def build_loader(
     train: bool,
     batches: list[int] | None = None,
 ) -> DataLoader:
-    """Per-rank loader over a ResumableSampler; full batches only when training.
+    """Per-rank loader; full batches only when training.
 
-    ``batches`` (every rank's local batch, see trainer.balance): unequal ones make the
-    training loader a WeightedDistributedSampler over ``batches[rank]``-image batches."""
+    Training: a WeightedDistributedSampler over ``batches[rank]``-image batches (``batches``:
+    every rank's share of the global batch, see trainer.balance; ``batch_size`` each when not
+    given). Step s takes the same images whatever the world size, so a run that goes on with
+    fewer hosts at the same global batch goes on with its epoch. Validation: a ResumableSampler."""
     batch_size = cfg.batch_size
     sampler: Sampler
-    if train and batches is not None and len(set(batches)) > 1:
-        sampler = WeightedDistributedSampler(len(dataset), batches, rank, seed=cfg.seed)  # type: ignore[arg-type]
-        batch_size = batches[rank]
+    if train:
+        shares = batches or [batch_size] * world
+        sampler = WeightedDistributedSampler(len(dataset), shares, rank, seed=cfg.seed)  # type: ignore[arg-type]
+        batch_size = shares[rank]
     else:
         sampler = ResumableSampler(
             dataset, num_replicas=world, rank=rank, shuffle=train, seed=cfg.seed, drop_last=train

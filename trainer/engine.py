@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from trainer import distributed as dist_utils
-from trainer.balance import scaled_loss
+from trainer.balance import forward_backward
 from trainer.config import TrainConfig
 from trainer.inputs import InputPipeline
 from trainer.metrics import LOG, Heartbeat, MetricsLog, NonFiniteError, Throughput
@@ -45,6 +45,8 @@ class Run:
     last_loss: float | None = None
     inputs: InputPipeline | None = None  # the runner sets it: decode/move, bad samples
     loss_scale: float = 1.0  # b_r * W / B with --batch-weights (trainer.balance)
+    micro: int = 1  # forward/backward passes per step (gradient accumulation, after a shrink)
+    global_batch: int = 0  # images per optimizer step, all ranks together
     events: EventLog | None = None  # rank 0's TensorBoard event files
     top5: float | None = None  # the last validation's top-5 accuracy
 
@@ -134,18 +136,14 @@ def train_one_epoch(
         run.meter.waited(time.perf_counter() - fetched)
         beat.progress()
         x, y = run.inputs(images, labels, loader.dataset)  # type: ignore[misc]
-        with autocast(env.device, run.amp_dtype):
-            out = run.model(x)
-            loss = run.criterion(out, y) if len(y) else out.float().sum() * 0.0
-        loss = scaled_loss(loss, run.loss_scale)  # DDP's mean over ranks: the global mean
         run.optimizer.zero_grad(set_to_none=True)
-        run.scaler.scale(loss).backward()
+        loss = forward_backward(run, x, y)
         run.scaler.step(run.optimizer)
         run.scaler.update()
         run.scheduler.step()
         run.step += 1
         batches += 1
-        loss_sum += loss.detach().float()  # scaled: the ranks' mean is the global batch's
+        loss_sum += loss  # scaled: the ranks' mean is the global batch's
         bad_step.masked_fill_(~torch.isfinite(loss_sum) & (bad_step == 0), run.step)  # no sync
         count += 1
         weighed += bool(len(y))

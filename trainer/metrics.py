@@ -98,8 +98,12 @@ class Heartbeat(ddpfleet_heartbeat.Beat):
             progress=False, loss=loss, images_per_sec=images_per_sec, rank_images_per_sec=own
         )
 
-    def set_total(self, total_steps: int) -> None:
-        self._update(progress=False, total_steps=total_steps)
+    def set_total(
+        self, total_steps: int, batch: int | None = None, micro: int | None = None
+    ) -> None:
+        """The run's steps, and this rank's share of the global batch in ``micro`` pieces (the
+        agent records them per attempt) (no I/O)."""
+        self._update(progress=False, total_steps=total_steps, batch=batch, micro_batches=micro)
 
     # Not Beat.start's argument (the heartbeat's directory): the run's output directory.
     def start(self, output_dir: Path | None = None) -> Heartbeat:  # type: ignore[override]

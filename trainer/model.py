@@ -33,8 +33,11 @@ _NO_FORWARD_BUFFER_SYNC = (
 )
 
 
-def wrap_ddp(model: nn.Module, device: torch.device, world_size: int) -> nn.Module:
-    """DDP with gradients as bucket views and a static graph.
+def wrap_ddp(
+    model: nn.Module, device: torch.device, world_size: int, *, static: bool = True
+) -> nn.Module:
+    """DDP with gradients as bucket views and a static graph (``static``: not with gradient
+    accumulation, whose ``no_sync`` backward passes a static graph's reducer refuses).
 
     A world of one is left unwrapped: there is nothing to all-reduce, and DDP's bucketing
     would still cost ~10% of a CPU step (measured: 23.6 vs 21.2 img/s, bench/README.md).
@@ -48,7 +51,7 @@ def wrap_ddp(model: nn.Module, device: torch.device, world_size: int) -> nn.Modu
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
         gradient_as_bucket_view=True,
-        static_graph=True,
+        static_graph=static,
         **_NO_FORWARD_BUFFER_SYNC,
     )
 

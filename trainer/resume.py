@@ -10,7 +10,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from ddpfleet_agent.restarts import RESTART_ENV
+from ddpfleet_agent.restarts import FULL_WORLD_ENV, KEPT_RANKS_ENV, RESTART_ENV
 from trainer import checkpoint as ckpt
 from trainer import distributed as dist_utils
 from trainer.config import BadInputError, TrainConfig
@@ -24,6 +24,20 @@ def restarted(cfg: TrainConfig) -> TrainConfig:
     if count.isdigit() and int(count) > 0 and cfg.resume != "auto":
         return dataclasses.replace(cfg, resume="auto")
     return cfg
+
+
+def shrunk_world() -> tuple[int, list[int] | None]:
+    """(the first attempt's world size, its global ranks that remain) of a run its agents
+    restarted without a host that is gone; (0, None) for a run at its full size."""
+    full, kept = os.environ.get(FULL_WORLD_ENV, ""), os.environ.get(KEPT_RANKS_ENV, "")
+    try:
+        return int(full), [int(r) for r in kept.split(",")]
+    except ValueError:
+        if full or kept:
+            raise BadInputError(
+                f"${FULL_WORLD_ENV} {full!r} / ${KEPT_RANKS_ENV} {kept!r}"
+            ) from None
+        return 0, None
 
 
 def _choose(cfg: TrainConfig) -> tuple[dict[str, object], dict | None]:

@@ -15,7 +15,7 @@ from ddpfleet_agent.records import write_trainer_summary
 from trainer import checkpoint as ckpt
 from trainer import distributed as dist_utils
 from trainer import jpeg
-from trainer.balance import loss_scale, parse_weights, rank_batches
+from trainer.balance import attempt_batches, loss_scale, micro_batches, parse_weights
 from trainer.config import (
     BadInputError,
     TrainConfig,
@@ -38,7 +38,7 @@ from trainer.model import (
     warmup_epochs,
     wrap_ddp,
 )
-from trainer.resume import restarted, resume_state, start_records
+from trainer.resume import restarted, resume_state, shrunk_world, start_records
 from trainer.stop import StopFlag
 from trainer.tboard import EventLog
 
@@ -51,7 +51,8 @@ def _prepare(cfg: TrainConfig, env: dist_utils.DistEnv, heartbeat: Heartbeat) ->
     (and, once the output directory proved writable, the heartbeat: the scan can be long)."""
     check_output_dir(cfg.output_dir)
     batch = default_batch_size(cfg.batch_size, env.device.type)
-    batches = rank_batches(cfg.batch_weights, batch, env.world_size)  # before joining the group
+    full, kept = shrunk_world()  # the first attempt's global batch, split among fewer ranks
+    batches, most = attempt_batches(cfg.batch_weights, batch, env.world_size, full, kept)
     dist_utils.init_distributed(env, cfg.dist_timeout)  # rank 0 chooses the checkpoint for all
     state, plan = resume_state(cfg, env)
     heartbeat.start(Path(cfg.output_dir))  # already started under the agent
@@ -75,20 +76,21 @@ def _prepare(cfg: TrainConfig, env: dist_utils.DistEnv, heartbeat: Heartbeat) ->
                 f"checkpoint at step {state['step']} does not fit --arch {cfg.arch} "
                 f"with {num_classes} classes"
             ) from None
-    world_batch = cfg.batch_size * env.world_size
+    world_batch = sum(batches)
     if len(train_ds) < world_batch:  # type: ignore[arg-type]
         raise BadInputError(
             f"{len(train_ds)} training images: fewer than one global batch ({world_batch})"  # type: ignore[arg-type]
         )
     auto = requested == "auto" and env.device.type == "cuda"  # off CUDA it is always cpu
     decoding = "" if cfg.synthetic else _jpeg_decoding(cfg.decode, auto, cores)
-    return state, plan, train_ds, val_ds, amp_dtype, model, batches, decoding
+    return state, plan, train_ds, val_ds, amp_dtype, model, (batches, most), decoding
 
 
 def _train(
     cfg: TrainConfig, env: dist_utils.DistEnv, prepared: tuple, stop: StopFlag, heartbeat: Heartbeat
 ) -> dict:
-    state, plan, train_ds, val_ds, amp_dtype, model, batches, decoding = prepared
+    state, plan, train_ds, val_ds, amp_dtype, model, (batches, most), decoding = prepared
+    global_batch = sum(batches)
     out = Path(cfg.output_dir)
     start_step = int(state["step"]) if state else 0
     pin = env.device.type == "cuda"
@@ -98,19 +100,21 @@ def _train(
     train_loader = build_loader(
         train_ds, cfg, env.rank, env.world_size, pin=pin, train=True, batches=batches
     )
-    val_loader = None
-    if val_ds is not None:
-        val_loader = build_loader(val_ds, cfg, env.rank, env.world_size, pin=pin, train=False)
+    val_loader = val_ds and build_loader(
+        val_ds, cfg, env.rank, env.world_size, pin=pin, train=False
+    )
     spe = len(train_loader)
     total = cfg.max_steps or cfg.epochs * spe
     epochs = math.ceil(total / spe)
-    heartbeat.set_total(total)
+    micro = micro_batches(batches[env.rank], most[env.rank])
+    heartbeat.set_total(total, batches[env.rank], micro)
     model = model.to(env.device, memory_format=torch.channels_last if cfg.channels_last else None)
-    wrapped = wrap_ddp(model, env.device, env.world_size)
+    accumulating = any(micro_batches(b, m) > 1 for b, m in zip(batches, most, strict=True))
+    wrapped = wrap_ddp(model, env.device, env.world_size, static=not accumulating)
     if cfg.compile:
         wrapped = torch.compile(wrapped)
-    optimizer = build_optimizer(model, cfg, scaled_lr(cfg.lr, cfg.batch_size * env.world_size))
-    warmup = warmup_epochs(cfg.warmup_epochs, cfg.batch_size * env.world_size)
+    optimizer = build_optimizer(model, cfg, scaled_lr(cfg.lr, global_batch))
+    warmup = warmup_epochs(cfg.warmup_epochs, global_batch)
     scheduler = build_scheduler(optimizer, total, round(warmup * spe), cfg.lr_decay)
     scaler = grad_scaler(env.device, amp_dtype)
     run = Run(
@@ -130,7 +134,8 @@ def _train(
         total,
         spe,
     )
-    run.loss_scale = loss_scale(batches[env.rank], sum(batches), env.world_size)
+    run.loss_scale = loss_scale(batches[env.rank], global_batch, env.world_size)
+    run.micro, run.global_batch = micro, global_batch
     run.inputs = InputPipeline(env.device, cfg.image_size, cfg.channels_last, cfg.max_bad_samples)
     start_batch = ckpt.restore_run(run, state) if state else 0
     heartbeat.progress(step=run.step, epoch=run.epoch)
@@ -166,7 +171,7 @@ def _train(
         "final_accuracy": accuracy,
         "resumed_from_step": start_step if state else None,
         "param_sha256_per_rank": digests,
-        "global_batch": cfg.batch_size * env.world_size,
+        "global_batch": global_batch,
         "per_rank_batch": batches,
         "batch_weights": parse_weights(cfg.batch_weights),
         "amp": str(amp_dtype).removeprefix("torch.") if amp_dtype else "off",

@@ -248,13 +248,17 @@ def test_progress_line():
 
 
 def test_a_restarted_run_says_so_once_per_restart():
-    attempts = [{"restart": 0, "cause": None}, {"restart": 1, "cause": "run r failed: host x"},
-                {"restart": 2, "cause": "run r failed: host y"}]  # fmt: skip
+    hosts = ["a", "b", "c"]
+    attempts = [{"restart": 0, "cause": None, "hosts": hosts},
+                {"restart": 1, "cause": "run r failed: host x", "hosts": hosts},
+                {"restart": 2, "cause": "run r failed: host c", "hosts": ["a", "b"]}]  # fmt: skip
     p = progress(restarts=2, attempts=attempts)
     assert view.progress_line("r", p, HOSTS).endswith("(phase train, restarts 2)")
-    said = "run r: restarted in place ({}) from the newest checkpoint after: run r failed: host {}"
-    assert view.restart_lines("r", p, 0) == [said.format(1, "x"), said.format(2, "y")]
-    assert view.restart_lines("r", p, 1) == [said.format(2, "y")]
+    said = "run r: restarted {} ({}) from the newest checkpoint after: run r failed: host {}"
+    first = said.format("in place", 1, "x")
+    second = said.format("on 2 hosts (without c)", 2, "c")
+    assert view.restart_lines("r", p, 0) == [first, second]
+    assert view.restart_lines("r", p, 1) == [second]
     assert view.restart_lines("r", p, 2) == []
 
 

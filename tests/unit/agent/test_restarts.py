@@ -33,7 +33,10 @@ def test_a_rank_that_fails_once_is_restarted_in_place_and_the_run_completes(clus
     assert f"restart 1 at step {second['from_step']} (healed in {second['heal_sec']} s)" in report
     for host in c.hosts:
         log = (c.run_dir / "nodes" / f"{host}.log").read_text()
-        assert "restart 1 of 1 from the newest checkpoint after: run t1 failed: host h1" in log
+        assert (
+            "restart 1 of 1 in place from the newest checkpoint after: run t1 failed: host h1"
+            in log
+        )
         assert c.json(f"nodes/{host}.exit")["outcome"] == "completed"
 
 
@@ -62,7 +65,30 @@ def test_a_rank_s_verdict_that_a_restart_cannot_help_ends_the_run_at_once(cluste
     assert summary["restarts"] == 0
 
 
+def test_a_host_gone_is_left_out_and_the_others_go_on(cluster):
+    """--min-hosts 2 of 3: h2's agent is killed with its rank (its container gone); h0 and h1
+    restart without it, renumbered, and complete; the attempts say who and why."""
+    c = cluster(3, restarts=1, **{"min-hosts": 2, "world-size": 3})
+    (c.run_dir / "summary.json").write_text(json.dumps({"status": "completed", "world_size": 2}))
+    c.start({0: "run:30", 1: "run:30", 2: "run:30", "0_R1": "run:3", "1_R1": "run:3"})
+    c.heartbeat_ready(2, step=3)
+    c.kill_host(2)
+    assert c.wait()[:2] == [0, 0], c.output()
+    progress = c.json("progress.json")
+    assert (progress["status"], progress["restarts"]) == ("completed", 1), progress
+    first, second = progress["attempts"]
+    assert (first["hosts"], first["world_size"]) == (c.hosts, 3)
+    assert (second["hosts"], second["world_size"]) == (["h0", "h1"], 2)
+    assert second["cause"].startswith("run t1 failed: host h2"), second
+    assert 0 < second["heal_sec"] < 20, second  # peer timeout 4 s, then the restart
+    assert progress["hosts"]["h2"] == "left out"
+    log = (c.run_dir / "nodes" / "h1.log").read_text()
+    assert "restart 1 of 1 without h2 from the newest checkpoint" in log
+
+
 CRASH = {"host": "h1", "rank": 1, "exit_code": 1, "reason": "x", "step": 7, "restartable": True}
+GONE = {"host": "h2", "node_rank": 2, "rank": 2, "exit_code": None, "reason": "no keepalive",
+        "gone": True}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -83,3 +109,21 @@ CRASH = {"host": "h1", "rank": 1, "exit_code": 1, "reason": "x", "step": 7, "res
 )  # fmt: skip
 def test_restart_refusal(cause, earlier, allowed, verdict):
     assert restart_refusal(cause, earlier, allowed) == verdict
+
+
+@pytest.mark.parametrize(
+    ("cause", "members", "min_hosts", "verdict"),
+    [
+        (GONE, 3, 2, None),  # 2 of 3 remain: the run goes on without h2
+        (GONE, 3, 0, ""),  # shrinking not asked for: a host gone ends the run, as before
+        (GONE, 2, 2, "not restarted: 1 host(s) left, train_min_hosts is 2"),
+        (GONE, 3, 3, "not restarted: 2 host(s) left, train_min_hosts is 3"),
+        ({**GONE, "node_rank": 0}, 3, 2,
+         "not restarted: the host of the run's store (node rank 0) is gone"),
+        (CRASH, 3, 2, None),  # a rank's failure on a host still there: in place, as before
+    ],
+)  # fmt: skip
+def test_restart_refusal_of_a_host_gone(cause, members, min_hosts, verdict):
+    assert restart_refusal(cause, [], 2, members=members, min_hosts=min_hosts) == verdict
+    if verdict is None:  # the restarts still count
+        assert restart_refusal(cause, [CRASH, CRASH], 2, members=members, min_hosts=min_hosts)

@@ -146,12 +146,16 @@ def test_the_training_loader_takes_the_rank_s_batch_and_equal_steps() -> None:
     assert isinstance(loaders[0].sampler, WeightedDistributedSampler)
 
 
-def test_equal_shares_keep_the_resumable_sampler() -> None:
+def test_equal_shares_take_the_same_sampler() -> None:
+    """Equal shares too: step s takes the same images at any world size (test_trainer_shrink)."""
     cfg = TrainConfig(synthetic=True, num_classes=4, image_size=8, batch_size=4, workers=0)
     data = SyntheticImages(50, 4, 8, 0)
-    loader = build_loader(data, cfg, 1, 2, pin=False, train=True, batches=[4, 4])
-    assert isinstance(loader.sampler, ResumableSampler)
+    loader = build_loader(data, cfg, 1, 2, pin=False, train=True)
+    assert isinstance(loader.sampler, WeightedDistributedSampler)
     assert loader.batch_size == 4
+    assert isinstance(
+        build_loader(data, cfg, 1, 2, pin=False, train=False).sampler, ResumableSampler
+    )
 
 
 # --- the gradient ---------------------------------------------------------------------------
@@ -211,7 +215,7 @@ def _reference() -> tuple[list[torch.Tensor], torch.Tensor]:
 
 
 def test_the_engine_scales_with_the_tested_function() -> None:
-    assert engine.scaled_loss is balance.scaled_loss
+    assert engine.forward_backward is balance.forward_backward
 
 
 @pytest.mark.slow
