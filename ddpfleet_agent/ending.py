@@ -116,6 +116,8 @@ class Ending:
                 # The store's host is gone or this host is cut off: write the cause only if
                 # node rank 0 did not (it may still be there and have seen better).
                 before = self.records.progress()
+                if before.get("state") == "ended":
+                    return  # the run ended without this host (it was left out)
                 if not self.records.storage_silent:
                     time.sleep(max(cfg.settle * 2, 3 * PROGRESS_EVERY))
                     self.records.flush(cfg.storage_timeout)

@@ -49,6 +49,7 @@ class Failure(TypedDict, total=False):
     step: int | None  # the step the rank to blame had reached, where known
     restartable: bool  # a rank's failure on a host still there: restarting in place may heal it
     gone: bool  # the host itself is gone or cut off: the run may go on without it (--min-hosts)
+    regrow: list[int]  # not a failure: hosts left out are back, the generation ends (regrow.py)
 
 
 # A rank's own verdict that a restart would fail the same way (trainer.runner's exit codes):

@@ -142,20 +142,23 @@ def progress_line(run_id: str, p: dict, hosts: list[str]) -> str:
 
 
 def restart_lines(run_id: str, p: dict, shown: int) -> list[str]:
-    """One line per restart in progress.json's attempts after the first ``shown`` ones: in
-    place, or on the hosts left (without those gone)."""
+    """One line per start after the first in progress.json's attempts, past the first ``shown``
+    of them: a restart in place, on the hosts left (without those gone), or with a host back."""
     attempts = [a for a in p.get("attempts") or [] if isinstance(a, dict)]
     lines = []
-    for before, a in itertools.pairwise(attempts):
-        if not isinstance(a.get("restart"), int) or a["restart"] <= shown:
+    for n, (before, a) in enumerate(itertools.pairwise(attempts), 1):
+        if n <= shown:
             continue
-        hosts, gone = (
-            a.get("hosts") or [],
-            [h for h in before.get("hosts") or [] if h not in (a.get("hosts") or [])],
-        )
-        where = f"on {len(hosts)} hosts (without {', '.join(gone)})" if gone else "in place"
-        lines.append(f"run {run_id}: restarted {where} ({a['restart']}) from the newest "
-                     f"checkpoint after: {a.get('cause')}")  # fmt: skip
+        hosts, was = a.get("hosts") or [], before.get("hosts") or []
+        gone, back = [h for h in was if h not in hosts], [h for h in hosts if h not in was]
+        where = "in place"
+        if gone or back:
+            changed = [f"without {', '.join(gone)}"] * bool(gone) + [
+                f"{', '.join(back)} back"
+            ] * bool(back)
+            where = f"on {len(hosts)} hosts ({'; '.join(changed)})"
+        lines.append(f"run {run_id}: restarted {where} ({n}) from the newest checkpoint after: "
+                     f"{a.get('cause')}")  # fmt: skip
     return lines
 
 

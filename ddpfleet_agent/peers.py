@@ -29,14 +29,11 @@ from pathlib import Path
 from torch.distributed import TCPStore
 
 from ddpfleet_agent.cli import AgentConfig
+from ddpfleet_agent.membership import Membership, StoreLost
 from ddpfleet_agent.wire import SHAPES, seal, unseal
 
 
-class StoreLost(RuntimeError):
-    """The connection to the run's store failed: its host counts as failed."""
-
-
-class Peers:
+class Peers(Membership):
     def __init__(self, cfg: AgentConfig, note: Callable[[str], None]):
         """``note``: says a line once per key whose value is ignored (the agent's log)."""
         self.cfg = cfg
@@ -95,6 +92,10 @@ class Peers:
             raise StoreLost(why) from None
         if len(self.key) < 32:
             raise StoreLost(f"the run's key {path} is shorter than 32 bytes")
+        self._open()
+
+    def _open(self) -> None:
+        """A new connection to the store (node rank 0: serve it)."""
         timeout = datetime.timedelta(seconds=self.cfg.peer_timeout)
         try:
             self.store = TCPStore(
@@ -142,32 +143,44 @@ class Peers:
         self._call(self.store.set, key, seal(self.key, key, value))
 
     def exchange(self, record: dict) -> tuple[dict | None, dict | None]:
-        """Publish this host's record and keepalive; read every host's. Returns (failure, stop)."""
-        return self._guarded(lambda: self._exchange(record))  # type: ignore[return-value]
+        """Publish this host's record and keepalive; read every host's. Returns (failure, stop).
 
-    def _exchange(self, record: dict) -> tuple[dict | None, dict | None]:
-        assert self.store is not None
-        self._set(self._scoped(f"ranks/{self.cfg.node_rank}"), record)
-        self._keepalive()
+        What the store says is applied here, on the caller's thread: a store call that outlived
+        its guard (a host cut off) may still return on its own thread, long after, and must not
+        set a peer's last keepalive to the time it began (seen after a reconnect: a live peer
+        judged silent)."""
+        mine, claimed = self._scoped(f"ranks/{self.cfg.node_rank}"), self._scoped("failure")
+        views = {node: self._scoped(f"ranks/{node}") for node in self.members}
+        exits = [n for n in self.members if n not in self.exits]
+        beat = self._next_beat()
+        got = self._guarded(lambda: self._exchange(mine, record, beat, views, exits, claimed))
         now = time.time()
-        for node in self.members:
-            alive = self._get(f"alive/{node}")
-            count = alive["count"] if alive is not None else 0
+        for node, count in got["alive"].items():  # type: ignore[index]
             if count > self.seen.get(node, (0, now))[0]:  # grown: a value sent again is stale
                 self.seen[node] = (count, now)
-            view = self._get(self._scoped(f"ranks/{node}"))
-            if view is not None:
-                self.views[node] = view
-            if node not in self.exits:
-                done = self._get(f"exit/{node}")
-                if done is not None:
-                    self.exits[node] = done
-        return self._get(self._scoped("failure")), self._get("stop")
+        self.views.update(got["views"])  # type: ignore[index]
+        self.exits.update(got["exits"])  # type: ignore[index]
+        return got["failure"], got["stop"]  # type: ignore[index]
+
+    def _exchange(  # noqa: PLR0917 - what exchange() worked out before the call
+        self, mine: str, record: dict, beat: int, views: dict, exits: list, claimed: str
+    ) -> dict:
+        """The store's side of exchange(), on the guard's thread: writes and reads, no state."""
+        self._set(mine, record)
+        self._set(f"alive/{self.cfg.node_rank}", {"count": beat})
+        alive = {n: (self._get(f"alive/{n}") or {}).get("count", 0) for n in views}
+        got_views = {n: v for n, key in views.items() if (v := self._get(key)) is not None}
+        got_exits = {n: v for n in exits if (v := self._get(f"exit/{n}")) is not None}
+        return {"alive": alive, "views": got_views, "exits": got_exits,
+                "failure": self._get(claimed), "stop": self._get("stop")}  # fmt: skip
+
+    def _next_beat(self) -> int:
+        self.beats += 1
+        return self.beats
 
     def _keepalive(self) -> None:
         """This host's keepalive: a count that grows with each call (Peers.seen)."""
-        self.beats += 1
-        self._set(f"alive/{self.cfg.node_rank}", {"count": self.beats})
+        self._set(f"alive/{self.cfg.node_rank}", {"count": self._next_beat()})
 
     def exit_causes(self) -> list[dict]:
         """The failed exits the other hosts' agents published (their ``cause``), as last read."""
@@ -224,36 +237,3 @@ class Peers:
         assert self.store is not None
         key = f"exit/{self.cfg.node_rank}"
         self._guarded(lambda: self._set(key, record))
-
-    def regroup(self, generation: int, within: float, left_out: list[int]) -> dict:
-        """Enter restart ``generation`` without the hosts ``left_out``: say this host is ready
-        (its ranks are gone) and keep its keepalive going until node rank 0 says who restarts:
-        the members ready within ``within`` s, once all are or that time is up (``members@<n>``:
-        ``nodes``, and ``missing``, those that did not come). Returns that; ``members`` is its
-        ``nodes`` from here, and the last generation's views are forgotten."""
-        self.generation, self.views = generation, {}
-        expected = [n for n in self.members if n not in left_out]
-        mine, decided = self._scoped(f"ready/{self.cfg.node_rank}"), self._scoped("members")
-        self._guarded(lambda: self._set(mine, {"host": self.cfg.host}))
-        deadline = time.time() + within
-
-        def decision() -> dict | None:
-            self._keepalive()
-            if not self.cfg.is_server:
-                return self._get(decided)
-            ready = [n for n in expected if self._get(self._scoped(f"ready/{n}")) is not None]
-            if len(ready) < len(expected) and time.time() <= deadline:
-                return None
-            said = {"nodes": ready, "missing": [n for n in expected if n not in ready]}
-            self._set(decided, said)
-            return said
-
-        while (said := self._guarded(decision)) is None:
-            if time.time() > deadline + self.cfg.peer_timeout:
-                raise StoreLost(f"node rank 0 did not say who restarts within {within:.0f}s")
-            time.sleep(self.cfg.tick)
-        now = time.time()  # the keepalives count again from here
-        self.seen = {node: (count, now) for node, (count, _) in self.seen.items()}
-        self.started = now
-        self.members = list(said["nodes"])  # type: ignore[index]
-        return said  # type: ignore[return-value]

@@ -128,6 +128,7 @@ def rank_views(beats: dict[int, dict], now: float) -> list[dict]:
                 "images_per_sec": number(rec.get("images_per_sec")),
                 "batch": number(rec.get("batch")),  # its share of the global batch (trainer)
                 "micro_batches": number(rec.get("micro_batches")),
+                "saved": number(rec.get("saved")),  # the step of the newest checkpoint
             }
         )
     return views

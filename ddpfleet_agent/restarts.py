@@ -62,10 +62,11 @@ class Restarting:
     store_ok: bool
     signum: int
     child_env: dict[str, str]
-    # and, from supervise.Agent: say(), _failure(), _claim()
+    # and, from supervise.Agent: say(), _failure(), _claim(); from regrow.Regrowing: _regrown()
 
     causes: list[Failure]  # the failures the run was restarted after, in order
     attempts: list[dict]
+    left_out: bool  # this host learned it is not in the run's current generation
 
     @property
     def restarts(self) -> int:
@@ -86,19 +87,21 @@ class Restarting:
         """Start the command (again: on the hosts still members, renumbered) and open its
         entry in the attempts list."""
         cfg, env, members = self.cfg, self.child_env, self.peers.members
-        if self.restarts:
-            env[RESTART_ENV] = str(self.restarts)
+        if self.attempts:  # the trainer then resumes from the newest checkpoint
+            env[RESTART_ENV] = str(len(self.attempts))
         world = cfg.nproc * len(members) if cfg.world_size else None
-        if len(members) < len(cfg.hosts):
-            self.ranks.command = regrouped(cfg.command, len(members), members.index(cfg.node_rank))
-            kept = [n * cfg.nproc + local for n in members for local in range(cfg.nproc)]
-            env[FULL_WORLD_ENV], env[KEPT_RANKS_ENV] = str(cfg.world_size), ",".join(map(str, kept))
+        self.ranks.command = regrouped(cfg.command, len(members), members.index(cfg.node_rank))
+        kept = [n * cfg.nproc + local for n in members for local in range(cfg.nproc)]
+        env[FULL_WORLD_ENV], env[KEPT_RANKS_ENV] = str(cfg.world_size), ",".join(map(str, kept))
+        if len(members) == len(cfg.hosts):  # every host: the first attempt's world
+            del env[FULL_WORLD_ENV], env[KEPT_RANKS_ENV]
         self.ranks.start(env)
+        why = None if cause is None else cause_line(cfg.run_id, cause)
         self.attempts.append({
             "attempt": cfg.attempt, "restart": self.restarts, "started": self.ranks.started,
             "hosts": self.hosts, "world_size": world, "global_batch": None, "shares": None,
             "from_step": None, "to_step": None,
-            "cause": cause_line(cfg.run_id, cause) if cause else None,
+            "cause": cause.get("reason") if cause and cause.get("regrow") else why,
             "failed_at": cause.get("time") if cause else None, "heal_sec": None,
         })  # fmt: skip
 
@@ -142,6 +145,8 @@ class Restarting:
         cause, cfg = self.failure, self.cfg
         if outcome != "failed" or cause is None or self.signum or not self.store_ok:
             return False
+        if cause.get("regrow"):
+            return self._regrown(cause)
         members = len(self.peers.members)
         why = failures.restart_refusal(
             cause, self.causes, cfg.restarts, members=members, min_hosts=cfg.min_hosts
@@ -158,11 +163,24 @@ class Restarting:
             f"restart {self.restarts} of {cfg.restarts}{without} from the newest checkpoint "
             f"after: {cause_line(cfg.run_id, cause)}"
         )
+        left_out = [int(cause.get("node_rank", -1))] if cause.get("gone") else []
+        return self._regroup_and_start(len(self.attempts), cause, left_out)
+
+    def _regroup_and_start(
+        self,
+        generation: int,
+        cause: Failure | None,
+        left_out: list[int],
+        joining: list[int] | None = None,
+    ) -> bool:
+        """Regroup the hosts for ``generation`` (membership.py) and start this host's ranks in
+        it (True); False when this host is not in it or the run cannot go on (the failure
+        says why)."""
+        cfg = self.cfg
         try:
             # the others may still be taking their forensics bundle and killing their ranks
             within = cfg.peer_timeout + cfg.dump_timeout + KILL_WAIT
-            left_out = [int(cause.get("node_rank", -1))] if cause.get("gone") else []
-            said = self.peers.regroup(self.restarts, within, left_out)
+            said = self.peers.regroup(generation, within, left_out, joining)
         except StoreLost as exc:
             self.store_ok = False
             why = f"lost the run's store at a restart ({exc})"
@@ -170,6 +188,7 @@ class Restarting:
             return False
         if cfg.node_rank not in said["nodes"]:
             self.say("left out of the restarted run: its other hosts went on without this one")
+            self.left_out = True
             return False
         missing = said["missing"]
         if missing and (not cfg.min_hosts or failures.too_few(len(said["nodes"]), cfg.min_hosts)):
@@ -180,6 +199,7 @@ class Restarting:
         for old in self.ranks.heartbeat_dir.glob("rank-*.json"):  # the last start's beats
             with contextlib.suppress(OSError):
                 old.unlink()
-        self.attempts[-1]["ended"] = time.time()
+        if self.attempts:
+            self.attempts[-1]["ended"] = time.time()
         self._start_ranks(cause)
         return True

@@ -18,6 +18,7 @@ from ddpfleet_agent.failures import Failure
 from ddpfleet_agent.peers import Peers, StoreLost
 from ddpfleet_agent.ranks import LocalRanks, rank_views
 from ddpfleet_agent.records import Records
+from ddpfleet_agent.regrow import Regrowing
 from ddpfleet_agent.restarts import Restarting
 
 
@@ -25,7 +26,7 @@ def _stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-class Agent(Ending, Restarting):
+class Agent(Ending, Restarting, Regrowing):
     def __init__(self, cfg: AgentConfig, child_env: dict[str, str] | None = None):
         self.cfg = cfg
         self.child_env = dict(os.environ) if child_env is None else child_env
@@ -44,6 +45,7 @@ class Agent(Ending, Restarting):
         self.beats: dict[int, dict] = {}  # the ranks' heartbeats as last read (the metrics)
         self.causes: list[Failure] = []  # the failures the run was restarted after
         self.attempts: list[dict] = []  # each start of the command (restarts.py)
+        self.left_out = False  # not in the run's current generation (regrow.py)
 
     # --- small helpers ----------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -134,8 +136,8 @@ class Agent(Ending, Restarting):
         self._start_ranks()
         while True:
             outcome, code = self._supervise()
-            if not self._restarted(outcome):
-                return self._finish(outcome, code)
+            if not (self._restarted(outcome) or self._rejoined()):
+                return self._finish("left out" if self.left_out else outcome, code)
 
     def _serve_metrics(self) -> str:
         """Start the Prometheus endpoint; why not, in one line ('' when it serves)."""
@@ -193,7 +195,7 @@ class Agent(Ending, Restarting):
 
     def _end_ranks(self, failure: dict) -> None:
         """Kill the ranks of a failed run, after the forensics bundle of those still running."""
-        if self.ranks.poll() is None:
+        if self.ranks.poll() is None and not failure.get("regrow"):  # a regrow failed nothing
             self.diagnosis = bundle.take(self, failure)
         self.ranks.kill_all()
 
@@ -264,4 +266,4 @@ class Agent(Ending, Restarting):
         if gone is not None:
             return self._failure(gone[0], None, None, gone[1], gone=gone[0] != cfg.node_rank)
         late = failures.runtime_problem(self.attempts[0]["started"], now, cfg.max_runtime)
-        return None if late is None else self._failure(cfg.node_rank, None, None, late)
+        return self._regrow(now) if late is None else self._failure(cfg.node_rank, None, None, late)

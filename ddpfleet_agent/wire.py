@@ -20,7 +20,7 @@ from ddpfleet_agent.ranks import number
 # once in the host's log, instead of raising in the supervision loop.
 RANK_NUMBERS = (
     "step", "total_steps", "epoch", "live_age", "progress_age", "loss", "images_per_sec",
-    "batch", "micro_batches",
+    "batch", "micro_batches", "saved",
 )  # fmt: skip
 
 
@@ -57,6 +57,12 @@ SHAPES: dict[str, Callable[[dict], bool]] = {
     "stop": lambda v: isinstance(v.get("by"), str),
     "dumped": lambda v: isinstance(v.get("host"), str) and isinstance(v.get("ranks"), list),
     "ready": lambda v: isinstance(v.get("host"), str),
+    "join": lambda v: isinstance(v.get("host"), str),
+    "welcome": lambda v: (
+        type(v.get("generation")) is int
+        and isinstance(v.get("nodes"), list)
+        and all(type(n) is int for n in v["nodes"])
+    ),
     "members": lambda v: all(
         isinstance(v.get(k), list) and all(type(n) is int for n in v[k])
         for k in ("nodes", "missing")

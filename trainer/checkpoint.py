@@ -203,6 +203,7 @@ def save_run(run: Run, batch_in_epoch: int) -> None:
         )
         LOG.info("checkpoint %s", path)
     dist_utils.barrier(run.env)
+    run.heartbeat.saved(run.step)
     run.heartbeat.progress(phase="train")
 
 

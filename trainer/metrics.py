@@ -98,6 +98,11 @@ class Heartbeat(ddpfleet_heartbeat.Beat):
             progress=False, loss=loss, images_per_sec=images_per_sec, rank_images_per_sec=own
         )
 
+    def saved(self, step: int) -> None:
+        """The newest checkpoint is that of ``step``, on the shared storage: the run agents
+        let a host that came back rejoin at such a boundary (no I/O)."""
+        self._update(progress=False, saved=step)
+
     def set_total(
         self, total_steps: int, batch: int | None = None, micro: int | None = None
     ) -> None:

@@ -196,7 +196,7 @@ def hosts_problems(values: Mapping, trainers: list[str], hostvars: Mapping) -> l
     weights for a user's program (it splits its own batches)."""
     problems = balance_problems(values["train_balance"], trainers)
     problems += cpus_problems(hostvars, trainers)
-    problems += [p for p in [shrink_problem(values, len(trainers))] if p]
+    problems += [p for p in [shrink_problem(values, len(trainers))] if p]  # fmt: skip
     if values["train_program"] and balance_mode(values["train_balance"]) != "off":
         problems.append(
             "train_balance needs ddpfleet's trainer: a user's program (train_program) splits "
@@ -207,10 +207,10 @@ def hosts_problems(values: Mapping, trainers: list[str], hostvars: Mapping) -> l
 
 def shrink_problem(values: Mapping, trainers: int) -> str:
     """train_min_hosts: at most the trainers there are, and restarts to shrink with."""
-    wanted = values["train_min_hosts"]
+    wanted = int(values["train_min_hosts"])  # well-formed by now, but -e gives strings
     if wanted > trainers:
         return f"train_min_hosts {wanted} is more than the run's {trainers} trainer(s)"
-    if not values["train_restarts"]:
+    if not int(values["train_restarts"]):
         return f"train_min_hosts {wanted} needs train_restarts of 1 or more (it is 0)"
     return ""
 

@@ -193,6 +193,7 @@ def test_a_value_with_a_line_break_is_shown_on_one_line():
 
 @pytest.mark.parametrize(("values", "problem"), [
     ({"train_min_hosts": 4}, "train_min_hosts 4 is more than the run's 3 trainer(s)"),
+    ({"train_min_hosts": "4"}, "train_min_hosts 4 is more than the run's 3 trainer(s)"),
     ({"train_min_hosts": 2, "train_restarts": 0},
      "train_min_hosts 2 needs train_restarts of 1 or more (it is 0)"),
 ])  # fmt: skip
@@ -200,7 +201,7 @@ def test_min_hosts_is_checked_against_the_trainers_and_restarts(values, problem)
     assert check(train_synthetic=True, **values) == problem
 
 
-@pytest.mark.parametrize("hosts", [0, 2, 3])
+@pytest.mark.parametrize("hosts", [0, 2, 3, "2"])  # "2": what -e train_min_hosts=2 gives
 def test_min_hosts_within_the_trainers_passes(hosts):
     assert check(train_synthetic=True, train_min_hosts=hosts) == ""
 

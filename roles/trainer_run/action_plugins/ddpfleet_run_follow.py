@@ -61,7 +61,7 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         _, a = self.validate_argument_spec(argument_spec=SPEC)
         run_id, hosts, lines = a["run_id"], a["hosts"], []
-        snap, shown, seen, error, restarts = None, None, None, "", 0
+        snap, shown, seen, error, changes = None, None, None, "", 0
         last_change = time.monotonic()
         while a["once"] or time.monotonic() - last_change <= a["stale_after"]:
             files, error = self._read(a)
@@ -78,10 +78,10 @@ class ActionModule(ActionBase):
                 p = snap["progress"]
                 # a program without heartbeats has no steps: say it runs once a minute
                 minute = int(p.get("elapsed_sec") or 0) // 60 if p.get("program") else None
-                for line in view.restart_lines(run_id, p, restarts):  # a line per restart
+                for line in view.restart_lines(run_id, p, changes):  # a line per restart
                     display.display(line)
                     lines.append(line)
-                restarts = max(restarts, int(p.get("restarts") or 0))
+                changes = max(changes, len(p.get("attempts") or [None]) - 1)
                 if snap["line"] and (p.get("step"), p.get("hosts"), minute) != shown:
                     display.display(snap["line"])
                     lines.append(snap["line"])

@@ -51,7 +51,7 @@ while True:
 # "crash:<step>:<code>" (exits <code> on reaching <step>). FAKE_<rank>_R<n>, where set, is the
 # rank's mode after the agents' n-th restart (DDPFLEET_RESTART=n).
 # Times count from the rank's start, or from FAKE_T0 (an epoch time) when the test sets one.
-# Writes heartbeats like the trainer (a thread).
+# Writes heartbeats like the trainer (a thread), with a checkpoint every 5 steps ("saved").
 RANK = r"""
 import json, os, signal, sys, threading, time
 rank = int(sys.argv[1])
@@ -66,7 +66,7 @@ def beat():
         rec = {"rank": rank, "local_rank": 0, "pid": os.getpid(), "host": "h", "time": time.time(),
                "step": state["step"], "total_steps": 1000, "epoch": 0, "phase": state["phase"],
                "progress_time": state["progress_time"], "loss": 1.5, "images_per_sec": 10.0,
-               "rank_images_per_sec": 4.0 + rank}
+               "rank_images_per_sec": 4.0 + rank, "saved": state["step"] // 5 * 5}
         tmp = os.path.join(hb_dir, f".rank-{rank}.tmp")
         with open(tmp, "w") as fh:
             json.dump(rec, fh)
@@ -222,6 +222,17 @@ class Cluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.procs[node].wait(10)
+
+    def freeze_host(self, node: int, seconds: float) -> None:
+        """SIGSTOP an agent and everything below it for ``seconds``, then SIGCONT: to the
+        others, a host cut off for that long that comes back."""
+        tree = [self.procs[node].pid, *descendants(self.procs[node].pid)]
+        for pid in tree:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(seconds)
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     def stop_all(self) -> None:
         for node, p in enumerate(self.procs):

@@ -86,6 +86,30 @@ def test_a_host_gone_is_left_out_and_the_others_go_on(cluster):
     assert "restart 1 of 1 without h2 from the newest checkpoint" in log
 
 
+def test_a_host_cut_off_and_back_rejoins_at_the_next_checkpoint(cluster):
+    """h2 frozen past the peer timeout (as when cut off), then running again: h0 and h1 go on
+    without it; h2's agent ends its ranks, asks to come back, and all three restart together
+    at the next checkpoint ("saved" in the fake ranks' heartbeats) and complete."""
+    c = cluster(3, restarts=1, **{"min-hosts": 2, "world-size": 3})
+    (c.run_dir / "summary.json").write_text(json.dumps({"status": "completed", "world_size": 3}))
+    c.start({0: "run:60", 1: "run:60", 2: "run:60", "0_R1": "run:60", "1_R1": "run:60",
+             "0_R2": "run:12", "1_R2": "run:12", "2_R1": "run:12"})  # fmt: skip
+    c.heartbeat_ready(2, step=3)
+    c.freeze_host(2, 9)
+    assert c.wait(90) == [0, 0, 0], c.output()
+    progress = c.json("progress.json")
+    assert (progress["status"], progress["restarts"]) == ("completed", 1), progress
+    hosts = [a["hosts"] for a in progress["attempts"]]
+    assert hosts == [c.hosts, ["h0", "h1"], c.hosts], progress["attempts"]
+    back = progress["attempts"][2]
+    assert back["cause"].startswith("h2 back: rejoined at the checkpoint of step "), back
+    assert (back["world_size"], back["restart"]) == (3, 1)  # a regrow is no restart
+    assert progress["hosts"] == {h: "exited" for h in c.hosts}
+    log = (c.run_dir / "nodes" / "h2.log").read_text()
+    assert "asks to come back" in log
+    assert "back in the run at its generation 2" in log
+
+
 CRASH = {"host": "h1", "rank": 1, "exit_code": 1, "reason": "x", "step": 7, "restartable": True}
 GONE = {"host": "h2", "node_rank": 2, "rank": 2, "exit_code": None, "reason": "no keepalive",
         "gone": True}  # fmt: skip

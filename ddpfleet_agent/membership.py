@@ -1,0 +1,136 @@
+"""Who is in the run: the hosts' regrouping at a restart, a host left out, a host taken back.
+
+The half of ``peers.Peers`` that changes ``members`` (the node ranks of this generation's hosts).
+At each restart every agent says it is ready (``ready/<n>@<g>``) and node rank 0 decides who
+starts the next generation: those ready in time (``members@<g>``). A host left out (gone, cut
+off) whose agent reaches the store again asks to come back (``join/<n>``); node rank 0 lets it
+in at the next checkpoint boundary: it ends the generation (a claimed failure marked
+``regrow``), tells the host which generation it joins and with whom (``welcome/<n>``), and the
+hosts regroup with it. Values are sealed like every other key of the store (peers.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
+
+    from ddpfleet_agent.cli import AgentConfig
+
+
+class StoreLost(RuntimeError):
+    """The connection to the run's store failed: its host counts as failed."""
+
+
+class StoreGone(StoreLost):
+    """The store refuses connections: node rank 0's agent has ended, and the run with it."""
+
+
+class Membership:
+    cfg: AgentConfig
+    store: TCPStore | None
+    members: list[int]
+    generation: int
+    views: dict[int, dict]
+    seen: dict[int, tuple[int, float]]
+    started: float
+    _broken: str
+    # and, from Peers: _guarded(), _get(), _set(), _scoped(), _keepalive(), _call(), _open()
+    _guarded: Callable
+    _get: Callable
+    _set: Callable
+    _scoped: Callable
+    _keepalive: Callable
+    _call: Callable
+    _open: Callable
+
+    def regroup(
+        self, generation: int, within: float, left_out: list[int], joining: list[int] | None = None
+    ) -> dict:
+        """Enter ``generation`` without the hosts ``left_out`` and with those ``joining``: say
+        this host is ready (its ranks are gone) and keep its keepalive going until node rank 0
+        says who starts it: the hosts ready within ``within`` s, once all are or that time is up
+        (``members@<g>``: ``nodes``, and ``missing``, those that did not come). Returns that;
+        ``members`` is its ``nodes`` from here, and the last generation's views are forgotten."""
+        self.generation, self.views = generation, {}
+        expected = sorted({n for n in self.members if n not in left_out} | set(joining or []))
+        mine, decided = self._scoped(f"ready/{self.cfg.node_rank}"), self._scoped("members")
+        self._guarded(lambda: self._set(mine, {"host": self.cfg.host}))
+        deadline = time.time() + within
+
+        def decision() -> dict | None:
+            self._keepalive()
+            if not self.cfg.is_server:
+                return self._get(decided)
+            ready = [n for n in expected if self._get(self._scoped(f"ready/{n}")) is not None]
+            if len(ready) < len(expected) and time.time() <= deadline:
+                return None
+            said = {"nodes": ready, "missing": [n for n in expected if n not in ready]}
+            self._set(decided, said)
+            return said
+
+        while (said := self._guarded(decision)) is None:
+            if time.time() > deadline + self.cfg.peer_timeout:
+                raise StoreLost(f"node rank 0 did not say who restarts within {within:.0f}s")
+            time.sleep(self.cfg.tick)
+        now = time.time()  # the keepalives count again from here
+        self.seen = {node: (count, now) for node, (count, _) in self.seen.items()}
+        self.started = now
+        self.members = list(said["nodes"])
+        return said
+
+    # --- a host left out, coming back -------------------------------------------------------
+    def reconnect(self) -> bool:
+        """Connect to the store again (this host was cut off or left out); False while it
+        cannot be reached, StoreGone when it refuses (the run is over)."""
+        try:
+            probe = socket.create_connection(
+                (self.cfg.store_host, self.cfg.store_port), timeout=min(5.0, self.cfg.peer_timeout)
+            )
+        except ConnectionRefusedError:
+            raise StoreGone(f"{self.cfg.store_host}:{self.cfg.store_port} refuses") from None
+        except OSError:
+            return False
+        probe.close()
+        self._broken = ""
+        try:
+            self._guarded(self._open)
+        except StoreLost:
+            return False
+        return True
+
+    def ask_to_join(self) -> None:
+        key = f"join/{self.cfg.node_rank}"
+        self._guarded(lambda: self._set(key, {"host": self.cfg.host, "time": time.time()}))
+
+    def joins(self) -> list[int]:
+        """Node rank 0: the hosts left out that asked to come back."""
+        out = [n for n in range(len(self.cfg.hosts)) if n not in self.members]
+        return self._guarded(lambda: [n for n in out if self._get(f"join/{n}") is not None])
+
+    def welcome(self, generation: int, joining: list[int]) -> None:
+        """Node rank 0: tell the hosts ``joining`` the generation they start with, and with
+        whom; their requests are answered."""
+        nodes = sorted({*self.members, *joining})
+
+        def write() -> None:
+            for n in joining:
+                self._set(f"welcome/{n}", {"generation": generation, "nodes": nodes})
+                with contextlib.suppress(RuntimeError):
+                    self._call(self.store.delete_key, f"join/{n}")  # type: ignore[union-attr]
+
+        self._guarded(write)
+
+    def welcomed(self) -> dict | None:
+        """This host's answer, once node rank 0 let it back in: {generation, nodes}."""
+        found = self._guarded(lambda: self._get(f"welcome/{self.cfg.node_rank}"))
+        return found if found and found["generation"] > self.generation else None
+
+    def run_over(self) -> bool:
+        """Node rank 0's agent has reported its exit: no generation is to come."""
+        return self._guarded(lambda: self._get("exit/0")) is not None

@@ -1,0 +1,132 @@
+"""Taking a host back into a run that went on without it (``--min-hosts``), at a checkpoint.
+
+The ``Regrowing`` part of ``supervise.Agent``. A host left out (cut off, or its agent judged
+gone) keeps its agent: its ranks are ended, and it tries the run's store every few seconds.
+Once it reaches it, it asks to come back (``membership.ask_to_join``). Node rank 0's agent
+waits for the next checkpoint the ranks write (their heartbeat's ``saved`` step), then ends the
+generation with a claimed failure marked ``regrow`` (no forensics: nothing failed): every
+member kills its ranks, node rank 0 tells the host which generation it joins, and all regroup
+and restart from that checkpoint with it, at the run's first world size again. A host that
+gets no answer gives up when the store refuses (node rank 0's agent has ended: the run is
+over), when the run directory says the run ended, at the run's max_runtime, or on a stop.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from ddpfleet_agent import failures
+from ddpfleet_agent.membership import StoreGone, StoreLost
+
+if TYPE_CHECKING:
+    from ddpfleet_agent.cli import AgentConfig
+    from ddpfleet_agent.failures import Failure
+    from ddpfleet_agent.peers import Peers
+    from ddpfleet_agent.ranks import LocalRanks
+    from ddpfleet_agent.records import Records
+
+ASK_EVERY = 2.0  # seconds between a left-out host's tries of the store
+
+
+class Regrowing:
+    cfg: AgentConfig
+    peers: Peers
+    ranks: LocalRanks
+    records: Records
+    failure: Failure | None
+    store_ok: bool
+    signum: int
+    left_out: bool
+    attempts: list[dict]
+    # and, from supervise.Agent: say(), _claim(); from restarts.Restarting: _regroup_and_start()
+
+    join_wait: tuple[list[int], float | None] | None = None  # asking hosts, the saved step then
+    join_checked = 0.0
+
+    def _regrow(self, now: float) -> Failure | None:
+        """Node rank 0, while the ranks run: end the generation at the first checkpoint after a
+        host left out asked to come back (a claimed failure marked ``regrow``), else None."""
+        cfg, peers = self.cfg, self.peers
+        if not cfg.is_server or len(peers.members) == len(cfg.hosts):
+            return None
+        if now - self.join_checked < ASK_EVERY:
+            return None
+        self.join_checked = now
+        asking = peers.joins()
+        lead = (peers.views.get(0, {}).get("ranks") or [{}])[0]
+        saved = lead.get("saved")
+        if not asking:
+            self.join_wait = None
+            return None
+        names = ", ".join(cfg.hosts[n] for n in asking)
+        if self.join_wait is None or self.join_wait[0] != asking:
+            self.join_wait = (asking, saved)
+            self.say(f"{names} asked to come back: at the run's next checkpoint")
+            return None
+        if saved is None or saved == self.join_wait[1]:
+            return None
+        reason = f"{names} back: rejoined at the checkpoint of step {int(saved)}"
+        found = failures.failure(cfg.hosts, asking[0], None, None, reason, judge=cfg.host)
+        return {**found, "regrow": asking}
+
+    def _regrown(self, cause: Failure) -> bool:
+        """Every member, once node rank 0 ended the generation to take hosts back: restart
+        from the newest checkpoint with them."""
+        self.ranks.kill_all()
+        self.ranks.wait_output()
+        joining = [int(n) for n in cause.get("regrow") or []]
+        generation = len(self.attempts)
+        self.say(f"{cause.get('reason')}: restart with every host of the run back")
+        if self.cfg.is_server:
+            try:
+                self.peers.welcome(generation, joining)
+            except StoreLost:
+                self.store_ok = False
+                return False
+        return self._regroup_and_start(generation, cause, [], joining)
+
+    def _rejoined(self) -> bool:
+        """A host cut off or left out (not node rank 0): ask to come back until node rank 0
+        lets it in, and start with the others (True); False when the run ends first, on a stop,
+        or when shrinking is off."""
+        cfg = self.cfg
+        if not (cfg.min_hosts and cfg.restarts and cfg.node_rank) or self.signum:
+            return False
+        if self.store_ok and not self.left_out:
+            return False
+        self.ranks.kill_all()
+        self.say("out of the run: its ranks are ended; it asks to come back until the run ends")
+        said = self._welcome_back()
+        if said is None:
+            return False
+        self.peers.members = list(said["nodes"])
+        self.store_ok, self.left_out = True, False
+        self.records.storage_silent = False  # back on the network: its storage may be too
+        self.say(f"back in the run at its generation {said['generation']}")
+        return self._regroup_and_start(said["generation"], None, [])
+
+    def _welcome_back(self) -> dict | None:
+        """Try the store every ASK_EVERY s and ask to come back: node rank 0's answer, or None
+        when the run ended first (or a stop, or the run's max_runtime)."""
+        cfg = self.cfg
+        started = self.attempts[0]["started"] if self.attempts else time.time()
+        connected = False
+        while not self.signum and not (cfg.max_runtime and time.time() > started + cfg.max_runtime):
+            try:
+                connected = connected or self.peers.reconnect()
+                if connected and self.peers.run_over():
+                    return None
+                said = self.peers.welcomed() if connected else None
+                if said is not None:
+                    return said
+                if connected:
+                    self.peers.ask_to_join()
+            except StoreGone:
+                return None
+            except StoreLost:
+                connected = False
+            if self.records.progress().get("state") == "ended":
+                return None
+            time.sleep(ASK_EVERY)
+        return None
