@@ -69,7 +69,7 @@ class Ending:
             self._write_program_summary(outcome, exit_rec)
         if cfg.is_server:
             self.attempts[-1]["ended"] = exit_rec["time"]
-            self.records.write_attempts(self.attempts)
+            self.records.write_attempts(self.attempts, self.restarts)
             self._write_end(outcome)
         # the last writes of a completed run (report.png) may take a while; a silent storage
         # gets one bound more

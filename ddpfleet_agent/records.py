@@ -206,15 +206,16 @@ class Records:
 
         self.submit(job)
 
-    def write_attempts(self, attempts: list[dict]) -> None:
-        """The run's starts (restarts.py) into the summary its last start left."""
+    def write_attempts(self, attempts: list[dict], restarts: int) -> None:
+        """The run's starts (restarts.py) and how many were restarts after a failure (not a
+        host taken back: regrow.py) into the summary its last start left."""
         rows = [dict(a) for a in attempts]
 
         def job() -> None:
             path = self.run_dir / "summary.json"
             summary = read_json(path)
             if summary:  # none: the run ended before anything wrote one
-                summary.update(attempts=rows, restarts=len(rows) - 1)
+                summary.update(attempts=rows, restarts=restarts)
                 write_json_atomic(path, summary)
 
         self.submit(job)

@@ -104,6 +104,7 @@ def test_a_host_cut_off_and_back_rejoins_at_the_next_checkpoint(cluster):
     back = progress["attempts"][2]
     assert back["cause"].startswith("h2 back: rejoined at the checkpoint of step "), back
     assert (back["world_size"], back["restart"]) == (3, 1)  # a regrow is no restart
+    assert c.json("summary.json")["restarts"] == 1
     assert progress["hosts"] == {h: "exited" for h in c.hosts}
     log = (c.run_dir / "nodes" / "h2.log").read_text()
     assert "asks to come back" in log
