@@ -12,12 +12,12 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import itertools
 import json
 import shlex
 from pathlib import Path
 
 from ddpfleet_agent.records import cause_line
+from ddpfleet_agent.report import restarts
 
 MARK = "@@ddpfleet-file@@"
 ENDED = ("completed", "failed", "stopped")
@@ -144,19 +144,9 @@ def progress_line(run_id: str, p: dict, hosts: list[str]) -> str:
 def restart_lines(run_id: str, p: dict, shown: int) -> list[str]:
     """One line per start after the first in progress.json's attempts, past the first ``shown``
     of them: a restart in place, on the hosts left (without those gone), or with a host back."""
-    attempts = [a for a in p.get("attempts") or [] if isinstance(a, dict)]
     lines = []
-    for n, (before, a) in enumerate(itertools.pairwise(attempts), 1):
-        if n <= shown:
-            continue
-        hosts, was = a.get("hosts") or [], before.get("hosts") or []
-        gone, back = [h for h in was if h not in hosts], [h for h in hosts if h not in was]
-        where = "in place"
-        if gone or back:
-            changed = [f"without {', '.join(gone)}"] * bool(gone) + [
-                f"{', '.join(back)} back"
-            ] * bool(back)
-            where = f"on {len(hosts)} hosts ({'; '.join(changed)})"
+    for n, a, change in restarts(p.get("attempts"))[shown:]:
+        where = f"on {len(a.get('hosts') or [])} hosts ({change})" if change else "in place"
         lines.append(f"run {run_id}: restarted {where} ({n}) from the newest checkpoint after: "
                      f"{a.get('cause')}")  # fmt: skip
     return lines

@@ -5,6 +5,7 @@ over steps, :mod:`ddpfleet_agent.plot`), written by node rank 0's agent.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import stat
@@ -78,17 +79,28 @@ def report_lines(
         f"final accuracy {'?' if acc is None else f'{acc:.4f}'}, "
         f"wall time {'?' if wall is None else f'{wall:.1f}s'}"
     )
-    return lines + [
-        f"restart {a.get('restart')} at step {a.get('from_step')} (healed in "
-        f"{a.get('heal_sec')} s) after: {a.get('cause')}"
-        for a in restarts(summary)
-    ]
+    for n, a, change in restarts(summary.get("attempts")):
+        where = f", on {len(a.get('hosts') or [])} hosts: {change}" if change else ""
+        lines.append(f"restart {n} at step {a.get('from_step')} (healed in {a.get('heal_sec')} "
+                     f"s{where}) after: {a.get('cause')}")  # fmt: skip
+    return lines
 
 
-def restarts(summary: dict) -> list[dict]:
-    """The restarts in place of summary.json's attempts (restarts.py), in order."""
-    attempts = summary.get("attempts")
-    return [a for a in attempts[1:] if isinstance(a, dict)] if isinstance(attempts, list) else []
+def restarts(attempts: object) -> list[tuple[int, dict, str]]:
+    """(n, start, how its hosts differ from the last one's) for each start after the first of
+    an ``attempts`` list (restarts.py, regrow.py); the hosts as ``host_change`` says."""
+    starts = [a for a in attempts if isinstance(a, dict)] if isinstance(attempts, list) else []
+    pairs = itertools.pairwise(starts)
+    return [(n, a, host_change(before, a)) for n, (before, a) in enumerate(pairs, 1)]
+
+
+def host_change(before: dict, after: dict) -> str:
+    """How the hosts of two starts differ: 'without node3', 'node3 back', both, or ''."""
+    was, now = before.get("hosts") or [], after.get("hosts") or []
+    gone, back = [h for h in was if h not in now], [h for h in now if h not in was]
+    return "; ".join(
+        [f"without {', '.join(gone)}"] * bool(gone) + [f"{', '.join(back)} back"] * bool(back)
+    )
 
 
 def program_lines(summary: dict, tail: int = 5) -> list[str]:
@@ -147,8 +159,9 @@ def write_report(run_dir: Path, run_id: str, hosts: list[str], nproc: int, ratio
     if not rows:
         return "report.txt written (no metrics rows: no report.png)"
     try:
-        marks = [(float(a["from_step"]), f"restart {a.get('restart')}")
-                 for a in restarts(summary) if _num(a.get("from_step")) is not None]  # fmt: skip
+        marks = [(float(a["from_step"]), f"restart {n}")
+                 for n, a, _ in restarts(summary.get("attempts"))
+                 if _num(a.get("from_step")) is not None]  # fmt: skip
         png = render_png(run_id, rows, marks)
     except ImportError as exc:
         return f"report.txt written; report.png not drawn: {exc}"

@@ -11,10 +11,11 @@ import traceback
 from pathlib import Path
 from types import FrameType
 
-from ddpfleet_agent import bundle, failures
+from ddpfleet_agent import bundle
 from ddpfleet_agent.cli import AgentConfig
-from ddpfleet_agent.ending import EXIT_STOPPED, Ending
+from ddpfleet_agent.ending import Ending
 from ddpfleet_agent.failures import Failure
+from ddpfleet_agent.judging import Judging
 from ddpfleet_agent.peers import Peers, StoreLost
 from ddpfleet_agent.ranks import LocalRanks, rank_views
 from ddpfleet_agent.records import Records
@@ -26,7 +27,7 @@ def _stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-class Agent(Ending, Restarting, Regrowing):
+class Agent(Ending, Judging, Restarting, Regrowing):
     def __init__(self, cfg: AgentConfig, child_env: dict[str, str] | None = None):
         self.cfg = cfg
         self.child_env = dict(os.environ) if child_env is None else child_env
@@ -55,33 +56,6 @@ class Agent(Ending, Restarting, Regrowing):
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.signum = self.signum or signum
-
-    def _failure(
-        self,
-        node: int,
-        rank: int | None,
-        code: int | None,
-        reason: str,
-        *,
-        ranks: bool = False,
-        gone: bool = False,
-    ) -> Failure:
-        """``ranks``: a failure of a rank's own (its exit, frozen), which a restart may heal;
-        ``gone``: another host without a keepalive (the run may go on without it)."""
-        views = self.peers.views.get(node, {}).get("ranks") or []
-        if rank is None:  # a whole host: name its first rank (the only one with one per host)
-            rank = min((r["rank"] for r in views), default=None)
-        local = rank_views(self.ranks.heartbeats(), 0) if node == self.cfg.node_rank else []
-        step = {r["rank"]: r["step"] for r in [*views, *local]}.get(rank)  # its last word
-        return failures.failure(self.cfg.hosts, node, rank, code, reason, judge=self.cfg.host,
-                                step=step, restartable=ranks, gone=gone)  # fmt: skip
-
-    def _claim(self, failure: dict) -> dict:
-        try:
-            return self.peers.claim(failure)
-        except StoreLost:
-            self.store_ok = False
-            return failure
 
     def _record(self, state: str) -> dict:
         self.beats = self.ranks.heartbeats()
@@ -209,61 +183,3 @@ class Agent(Ending, Restarting, Regrowing):
         by = (stop or {}).get("by", self.cfg.host)
         pids = self.ranks.signal_ranks(signal.SIGTERM)
         self.say(f"stop requested by {by}: SIGTERM to ranks {pids}")
-
-    def _ended(self, code: int) -> tuple[str, int]:
-        """The command exited by itself: completed, stopped, or a failure to name."""
-        if code == 0:
-            return "completed", 0
-        if self.stopping_since:
-            return "stopped", EXIT_STOPPED
-        self.ranks.wait_output()
-        rank, rcode, reason = self.ranks.failed_rank(code)
-        mine = self._failure(self.cfg.node_rank, rank, rcode, reason, ranks=True)
-        # A dead rank or host makes the others fail too: publish this exit, watch the peers'
-        # for a moment, and name a host that went silent, else the first cause of all exits.
-        deadline = time.time() + self.cfg.settle
-        while time.time() < deadline:
-            try:
-                failure, _ = self.peers.exchange({**self._record("exited"), "cause": mine})
-            except StoreLost:
-                self.store_ok = False
-                break
-            if failure is not None:
-                self.failure = failure
-                return "failed", code
-            time.sleep(self.cfg.tick / 2)
-        silent = self.peers.silent(time.time(), self.cfg.settle * 0.75) if self.store_ok else []
-        if silent:
-            node = silent[0]
-            mine = self._failure(
-                node,
-                None,
-                None,
-                "host stopped responding (its agent's keepalive ended: container or host gone)",
-                gone=True,
-            )
-        elif self.store_ok:
-            cause = failures.first_cause([mine, *self.peers.exit_causes()])
-            mine = {**cause, "claimed_by": self.cfg.host}
-        self.failure = self._claim(mine)
-        return "failed", code
-
-    def _check(self, now: float) -> Failure | None:
-        """A failure this agent sees while its command runs, or None (failures.py's rules)."""
-        cfg = self.cfg
-        beats = rank_views(self.ranks.heartbeats(), now)
-        frozen = failures.rank_problem(beats, cfg.heartbeat_timeout, cfg.stop_timeout)
-        if frozen is not None:
-            return self._failure(cfg.node_rank, frozen[0], None, frozen[1], ranks=True)
-        hang = failures.hang_cause(
-            self.peers.views, cfg.hosts, cfg.heartbeat_timeout, judge=cfg.host
-        )
-        if hang is not None:
-            return hang
-        silent = self.peers.silent(now, cfg.peer_timeout)
-        members = len(self.peers.members)
-        gone = failures.host_problem(silent, members, cfg.node_rank, cfg.peer_timeout)
-        if gone is not None:
-            return self._failure(gone[0], None, None, gone[1], gone=gone[0] != cfg.node_rank)
-        late = failures.runtime_problem(self.attempts[0]["started"], now, cfg.max_runtime)
-        return self._regrow(now) if late is None else self._failure(cfg.node_rank, None, None, late)

@@ -226,6 +226,13 @@ def test_restarts_are_a_line_each_in_the_table_and_a_red_line_on_the_plot():
         "restart 1 at step 2 (healed in 13.9 s) after: run r5 failed: x"
     )
     assert report.report_lines({"status": "completed"})[-1].startswith("status completed")
+    h = ["n1", "n2", "n3"]
+    attempts = [{"hosts": h}, {"from_step": 5, "heal_sec": 9.9, "cause": "c1", "hosts": h[:2]},
+                {"from_step": 15, "heal_sec": 13.8, "cause": "n3 back: x", "hosts": h}]  # fmt: skip
+    assert report.report_lines({"status": "completed", "attempts": attempts})[-2:] == [
+        "restart 1 at step 5 (healed in 9.9 s, on 2 hosts: without n3) after: c1",
+        "restart 2 at step 15 (healed in 13.8 s, on 3 hosts: n3 back) after: n3 back: x",
+    ]
     plain = colours(plot.render_png("r5", ROWS))
     marked = colours(plot.render_png("r5", ROWS, [(20.0, "restart 1")]))
     assert marked.get(plot.RED, 0) > 100 > plain.get(plot.RED, 0)

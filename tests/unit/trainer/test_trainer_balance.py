@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
-from trainer_helpers import TINY, free_port, read_json, run_trainer
+from trainer_helpers import TINY, free_port, read_json, run_trainer, tiny_mlp, tiny_samples
 
 from trainer import balance, engine
 from trainer.__main__ import main
@@ -163,17 +163,6 @@ def test_equal_shares_take_the_same_sampler() -> None:
 LOCAL = [5, 3]
 
 
-def _mlp() -> nn.Module:
-    torch.manual_seed(3)
-    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 4)).double()
-
-
-def _samples() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(11)
-    x = torch.randn(sum(LOCAL), 6, generator=g, dtype=torch.float64)
-    return x, torch.randint(0, 4, (sum(LOCAL),), generator=g)
-
-
 def _grads(model: nn.Module) -> list[torch.Tensor]:
     return [p.grad.detach().clone() for p in model.parameters()]
 
@@ -182,8 +171,8 @@ def _rank(rank: int, port: int, out: str) -> None:
     """One gloo rank: the trainer's DDP wrapper and loss scaling over its LOCAL[rank] samples,
     once with the scale and once without; saves the gradients and the scaled loss."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    model = wrap_ddp(_mlp(), torch.device("cpu"), 2)
-    x, y = _samples()
+    model = wrap_ddp(tiny_mlp(), torch.device("cpu"), 2)
+    x, y = tiny_samples(sum(LOCAL))
     lo = sum(LOCAL[:rank])
     x, y = x[lo : lo + LOCAL[rank]], y[lo : lo + LOCAL[rank]]
     criterion = nn.CrossEntropyLoss(label_smoothing=0.1)
@@ -207,8 +196,8 @@ def ddp_grads(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
 
 def _reference() -> tuple[list[torch.Tensor], torch.Tensor]:
     """One process, the mean loss over the concatenated 8 samples."""
-    model = _mlp()
-    x, y = _samples()
+    model = tiny_mlp()
+    x, y = tiny_samples(sum(LOCAL))
     loss = nn.CrossEntropyLoss(label_smoothing=0.1)(model(x), y)
     loss.backward()
     return _grads(model), loss.detach()

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
-from trainer_helpers import TINY, free_port, trainer_cmd, trainer_env
+from trainer_helpers import TINY, free_port, tiny_mlp, tiny_samples, trainer_cmd, trainer_env
 
 from ddpfleet_agent.restarts import FULL_WORLD_ENV, KEPT_RANKS_ENV
 from trainer.balance import WeightedDistributedSampler, attempt_batches, forward_backward
@@ -110,22 +110,11 @@ def test_an_epoch_resumed_at_another_world_size_sees_each_sample_once(n, before,
 SHARES, MICRO = [5, 3], [3, 1]  # rank 0 takes its 5 images in 3 pieces (2, 2, 1)
 
 
-def _model() -> nn.Module:
-    torch.manual_seed(3)
-    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 4)).double()
-
-
-def _samples() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(11)
-    x = torch.randn(sum(SHARES), 6, generator=g, dtype=torch.float64)
-    return x, torch.randint(0, 4, (sum(SHARES),), generator=g)
-
-
 def _rank(rank: int, port: int, out: str) -> None:
     """One gloo rank: the trainer's forward_backward over its share, in MICRO[rank] pieces."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    model = wrap_ddp(_model(), torch.device("cpu"), 2, static=False)
-    x, y = _samples()
+    model = wrap_ddp(tiny_mlp(), torch.device("cpu"), 2, static=False)
+    x, y = tiny_samples(sum(SHARES))
     lo = sum(SHARES[:rank])
     cpu = types.SimpleNamespace(device=torch.device("cpu"))
     run = types.SimpleNamespace(
@@ -143,8 +132,8 @@ def _rank(rank: int, port: int, out: str) -> None:
 def test_accumulated_ddp_gradient_is_the_global_batch_mean(tmp_path: Path) -> None:
     mp.spawn(_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     got = [torch.load(tmp_path / f"rank-{r}.pt", weights_only=True) for r in (0, 1)]
-    model = _model()
-    x, y = _samples()
+    model = tiny_mlp()
+    x, y = tiny_samples(sum(SHARES))
     loss = nn.CrossEntropyLoss()(model(x), y)
     loss.backward()
     for rank in got:  # the same all-reduced gradient on both ranks, that of all 8 at once

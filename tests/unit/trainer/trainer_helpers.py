@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 TINY = ["--image-size", "32", "--batch-size", "2", "--workers", "0", "--log-every", "1"]
@@ -71,3 +72,18 @@ def wait_for_step(heartbeat: Path, step: int, proc: subprocess.Popen, timeout: f
         if heartbeat.exists() and read_json(heartbeat)["step"] >= step:
             return
         time.sleep(0.2)
+
+
+def tiny_mlp() -> torch.nn.Module:
+    """A seeded two-layer float64 MLP: exact enough to compare gradients across ranks."""
+    torch.manual_seed(3)
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)
+    ).double()
+
+
+def tiny_samples(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """n seeded float64 samples of tiny_mlp's input, with labels of its 4 classes."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(n, 6, generator=g, dtype=torch.float64)
+    return x, torch.randint(0, 4, (n,), generator=g)

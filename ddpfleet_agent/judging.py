@@ -1,0 +1,120 @@
+"""What an agent judges from what it sees: failures.py's rules applied to its ranks, its
+peers' views and keepalives, and the exit of its command.
+
+The ``Judging`` part of ``supervise.Agent``: a failure is made here (``_failure``, naming the
+host, rank and the step it had reached), claimed in the run's store (``_claim``: the first
+claim wins, so every host names the same cause), looked for while the command runs
+(``_check``) and named when it exits by itself (``_ended``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from ddpfleet_agent import failures
+from ddpfleet_agent.ending import EXIT_STOPPED
+from ddpfleet_agent.failures import Failure
+from ddpfleet_agent.peers import StoreLost
+from ddpfleet_agent.ranks import rank_views
+
+if TYPE_CHECKING:
+    from ddpfleet_agent.cli import AgentConfig
+    from ddpfleet_agent.peers import Peers
+    from ddpfleet_agent.ranks import LocalRanks
+
+
+class Judging:
+    cfg: AgentConfig
+    peers: Peers
+    ranks: LocalRanks
+    failure: Failure | None
+    store_ok: bool
+    stopping_since: float
+    attempts: list[dict]
+    # and, from supervise.Agent: _record(); from regrow.Regrowing: _regrow()
+
+    def _failure(
+        self,
+        node: int,
+        rank: int | None,
+        code: int | None,
+        reason: str,
+        *,
+        ranks: bool = False,
+        gone: bool = False,
+    ) -> Failure:
+        """``ranks``: a failure of a rank's own (its exit, frozen), which a restart may heal;
+        ``gone``: another host without a keepalive (the run may go on without it)."""
+        views = self.peers.views.get(node, {}).get("ranks") or []
+        if rank is None:  # a whole host: name its first rank (the only one with one per host)
+            rank = min((r["rank"] for r in views), default=None)
+        local = rank_views(self.ranks.heartbeats(), 0) if node == self.cfg.node_rank else []
+        step = {r["rank"]: r["step"] for r in [*views, *local]}.get(rank)  # its last word
+        return failures.failure(self.cfg.hosts, node, rank, code, reason, judge=self.cfg.host,
+                                step=step, restartable=ranks, gone=gone)  # fmt: skip
+
+    def _claim(self, failure: dict) -> dict:
+        try:
+            return self.peers.claim(failure)
+        except StoreLost:
+            self.store_ok = False
+            return failure
+
+    def _ended(self, code: int) -> tuple[str, int]:
+        """The command exited by itself: completed, stopped, or a failure to name."""
+        if code == 0:
+            return "completed", 0
+        if self.stopping_since:
+            return "stopped", EXIT_STOPPED
+        self.ranks.wait_output()
+        rank, rcode, reason = self.ranks.failed_rank(code)
+        mine = self._failure(self.cfg.node_rank, rank, rcode, reason, ranks=True)
+        # A dead rank or host makes the others fail too: publish this exit, watch the peers'
+        # for a moment, and name a host that went silent, else the first cause of all exits.
+        deadline = time.time() + self.cfg.settle
+        while time.time() < deadline:
+            try:
+                failure, _ = self.peers.exchange({**self._record("exited"), "cause": mine})
+            except StoreLost:
+                self.store_ok = False
+                break
+            if failure is not None:
+                self.failure = failure
+                return "failed", code
+            time.sleep(self.cfg.tick / 2)
+        silent = self.peers.silent(time.time(), self.cfg.settle * 0.75) if self.store_ok else []
+        if silent:
+            node = silent[0]
+            mine = self._failure(
+                node,
+                None,
+                None,
+                "host stopped responding (its agent's keepalive ended: container or host gone)",
+                gone=True,
+            )
+        elif self.store_ok:
+            cause = failures.first_cause([mine, *self.peers.exit_causes()])
+            mine = {**cause, "claimed_by": self.cfg.host}
+        self.failure = self._claim(mine)
+        return "failed", code
+
+    def _check(self, now: float) -> Failure | None:
+        """A failure this agent sees while its command runs, or None (failures.py's rules)."""
+        cfg = self.cfg
+        beats = rank_views(self.ranks.heartbeats(), now)
+        frozen = failures.rank_problem(beats, cfg.heartbeat_timeout, cfg.stop_timeout)
+        if frozen is not None:
+            return self._failure(cfg.node_rank, frozen[0], None, frozen[1], ranks=True)
+        hang = failures.hang_cause(
+            self.peers.views, cfg.hosts, cfg.heartbeat_timeout, judge=cfg.host
+        )
+        if hang is not None:
+            return hang
+        silent = self.peers.silent(now, cfg.peer_timeout)
+        members = len(self.peers.members)
+        gone = failures.host_problem(silent, members, cfg.node_rank, cfg.peer_timeout)
+        if gone is not None:
+            return self._failure(gone[0], None, None, gone[1], gone=gone[0] != cfg.node_rank)
+        late = failures.runtime_problem(self.attempts[0]["started"], now, cfg.max_runtime)
+        return self._regrow(now) if late is None else self._failure(cfg.node_rank, None, None, late)
