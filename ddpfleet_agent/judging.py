@@ -48,7 +48,9 @@ class Judging:
         ``gone``: another host without a keepalive (the run may go on without it)."""
         views = self.peers.views.get(node, {}).get("ranks") or []
         if rank is None:  # a whole host: name its first rank (the only one with one per host)
-            rank = min((r["rank"] for r in views), default=None)
+            members = self.peers.members  # torchrun's node ranks: the members' order
+            first = members.index(node) * self.cfg.nproc if node in members else None
+            rank = min((r["rank"] for r in views), default=first)  # before any view of it too
         local = rank_views(self.ranks.heartbeats(), 0) if node == self.cfg.node_rank else []
         step = {r["rank"]: r["step"] for r in [*views, *local]}.get(rank)  # its last word
         return failures.failure(self.cfg.hosts, node, rank, code, reason, judge=self.cfg.host,
