@@ -208,6 +208,8 @@ def hosts_problems(values: Mapping, trainers: list[str], hostvars: Mapping) -> l
 def shrink_problem(values: Mapping, trainers: int) -> str:
     """train_min_hosts: at most the trainers there are, and restarts to shrink with."""
     wanted = int(values["train_min_hosts"])  # well-formed by now, but -e gives strings
+    if not wanted:
+        return ""  # every trainer: no shrinking
     if wanted > trainers:
         return f"train_min_hosts {wanted} is more than the run's {trainers} trainer(s)"
     if not int(values["train_restarts"]):

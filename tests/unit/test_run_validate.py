@@ -206,6 +206,12 @@ def test_min_hosts_within_the_trainers_passes(hosts):
     assert check(train_synthetic=True, train_min_hosts=hosts) == ""
 
 
+@pytest.mark.parametrize("hosts", [0, "0"])
+def test_no_shrinking_needs_no_restarts(hosts):
+    """The default (every trainer) with restarts off: today's behaviour, no refusal."""
+    assert check(train_synthetic=True, train_min_hosts=hosts, train_restarts="0") == ""
+
+
 def test_balance_with_a_user_program_is_refused():
     assert check(train_program="pkg.run", train_balance="auto") == (
         "train_balance needs ddpfleet's trainer: a user's program (train_program) splits its "
