@@ -121,7 +121,7 @@ class Membership:
         def write() -> None:
             for n in joining:
                 self._set(f"welcome/{n}", {"generation": generation, "nodes": nodes})
-                with contextlib.suppress(RuntimeError):
+                with contextlib.suppress(StoreLost):  # the answer counts; the request may stay
                     self._call(self.store.delete_key, f"join/{n}")  # type: ignore[union-attr]
 
         self._guarded(write)

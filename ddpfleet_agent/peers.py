@@ -48,7 +48,7 @@ class Peers(Membership):
         self.ignored: set[str] = set()  # keys whose value was ignored (said once each)
         self.key = b""
         self.beats = 0  # this host's keepalive count
-        self.generation = 0  # restarts in place so far (supervise.Agent)
+        self.generation = 0  # starts of the command before this one's (restarts.py)
         self.members = list(range(self.n))  # the node ranks of this generation's hosts
 
     def _scoped(self, key: str) -> str:

@@ -91,10 +91,12 @@ class Restarting:
             env[RESTART_ENV] = str(len(self.attempts))
         world = cfg.nproc * len(members) if cfg.world_size else None
         self.ranks.command = regrouped(cfg.command, len(members), members.index(cfg.node_rank))
-        kept = [n * cfg.nproc + local for n in members for local in range(cfg.nproc)]
-        env[FULL_WORLD_ENV], env[KEPT_RANKS_ENV] = str(cfg.world_size), ",".join(map(str, kept))
-        if len(members) == len(cfg.hosts):  # every host: the first attempt's world
-            del env[FULL_WORLD_ENV], env[KEPT_RANKS_ENV]
+        if len(members) < len(cfg.hosts):
+            kept = [n * cfg.nproc + local for n in members for local in range(cfg.nproc)]
+            env[FULL_WORLD_ENV], env[KEPT_RANKS_ENV] = str(cfg.world_size), ",".join(map(str, kept))
+        else:  # every host (again): the first attempt's world
+            env.pop(FULL_WORLD_ENV, None)
+            env.pop(KEPT_RANKS_ENV, None)
         self.ranks.start(env)
         why = None if cause is None else cause_line(cfg.run_id, cause)
         self.attempts.append({

@@ -122,9 +122,9 @@ def forward_backward(run: Run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
     (times ``loss_scale``: the ranks' mean is the global batch's)."""
     pieces = list(zip(x.tensor_split(run.micro), y.tensor_split(run.micro), strict=True))
     total = torch.zeros((), device=x.device)
+    no_sync = getattr(run.model, "no_sync", None)  # DDP's (a world of one is not wrapped)
     for i, (xs, ys) in enumerate(pieces):
         last = i == len(pieces) - 1
-        no_sync = getattr(run.model, "no_sync", None)
         with contextlib.nullcontext() if last or no_sync is None else no_sync():
             with autocast(run.env.device, run.amp_dtype):
                 out = run.model(xs)
@@ -141,7 +141,7 @@ class WeightedDistributedSampler(Sampler):
 
     Step s covers ``perm[s*B:(s+1)*B]`` (B = ``sum(batches)``), cut at the ranks' cumulative
     local batches; ``len(dataset) // B`` steps on every rank (the remainder is dropped).
-    Yields ``(epoch, index)`` like ``data.ResumableSampler``; the loader's batch size must
+    Yields ``(epoch, index)`` like ``data.EpochSampler``; the loader's batch size must
     be ``batches[rank]``.
     """
 

@@ -124,20 +124,12 @@ class FolderImages(Dataset):
         return img, label
 
 
-class ResumableSampler(DistributedSampler):
-    """DistributedSampler that can start part-way into an epoch (after a resume)."""
-
-    start_index = 0
-
-    def set_start_batch(self, batch: int, batch_size: int) -> None:
-        self.start_index = batch * batch_size
+class EpochSampler(DistributedSampler):
+    """DistributedSampler yielding (epoch, index): the validation loader's. (Training resumes
+    part-way into an epoch: balance.WeightedDistributedSampler.)"""
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        indices = list(super().__iter__())[self.start_index :]
-        return iter([(self.epoch, i) for i in indices])
-
-    def __len__(self) -> int:
-        return max(0, self.num_samples - self.start_index)
+        return iter([(self.epoch, i) for i in super().__iter__()])
 
 
 def build_datasets(
@@ -189,7 +181,7 @@ def build_loader(
     Training: a WeightedDistributedSampler over ``batches[rank]``-image batches (``batches``:
     every rank's share of the global batch, see trainer.balance; ``batch_size`` each when not
     given). Step s takes the same images whatever the world size, so a run that goes on with
-    fewer hosts at the same global batch goes on with its epoch. Validation: a ResumableSampler."""
+    fewer hosts at the same global batch goes on with its epoch. Validation: an EpochSampler."""
     batch_size = cfg.batch_size
     sampler: Sampler
     if train:
@@ -197,9 +189,7 @@ def build_loader(
         sampler = WeightedDistributedSampler(len(dataset), shares, rank, seed=cfg.seed)  # type: ignore[arg-type]
         batch_size = shares[rank]
     else:
-        sampler = ResumableSampler(
-            dataset, num_replicas=world, rank=rank, shuffle=train, seed=cfg.seed, drop_last=train
-        )
+        sampler = EpochSampler(dataset, num_replicas=world, rank=rank, shuffle=False, seed=cfg.seed)
     return DataLoader(
         dataset,
         batch_size=batch_size,

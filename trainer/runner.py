@@ -100,17 +100,18 @@ def _train(
     train_loader = build_loader(
         train_ds, cfg, env.rank, env.world_size, pin=pin, train=True, batches=batches
     )
-    val_loader = val_ds and build_loader(
-        val_ds, cfg, env.rank, env.world_size, pin=pin, train=False
+    val_loader = (
+        None
+        if val_ds is None
+        else build_loader(val_ds, cfg, env.rank, env.world_size, pin=pin, train=False)
     )
     spe = len(train_loader)
     total = cfg.max_steps or cfg.epochs * spe
     epochs = math.ceil(total / spe)
-    micro = micro_batches(batches[env.rank], most[env.rank])
-    heartbeat.set_total(total, batches[env.rank], micro)
+    micros = [micro_batches(b, m) for b, m in zip(batches, most, strict=True)]
+    heartbeat.set_total(total, batches[env.rank], micros[env.rank])
     model = model.to(env.device, memory_format=torch.channels_last if cfg.channels_last else None)
-    accumulating = any(micro_batches(b, m) > 1 for b, m in zip(batches, most, strict=True))
-    wrapped = wrap_ddp(model, env.device, env.world_size, static=not accumulating)
+    wrapped = wrap_ddp(model, env.device, env.world_size, static=max(micros) == 1)
     if cfg.compile:
         wrapped = torch.compile(wrapped)
     optimizer = build_optimizer(model, cfg, scaled_lr(cfg.lr, global_batch))
@@ -135,7 +136,7 @@ def _train(
         spe,
     )
     run.loss_scale = loss_scale(batches[env.rank], global_batch, env.world_size)
-    run.micro, run.global_batch = micro, global_batch
+    run.micro, run.global_batch = micros[env.rank], global_batch
     run.inputs = InputPipeline(env.device, cfg.image_size, cfg.channels_last, cfg.max_bad_samples)
     start_batch = ckpt.restore_run(run, state) if state else 0
     heartbeat.progress(step=run.step, epoch=run.epoch)

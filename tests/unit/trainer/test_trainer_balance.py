@@ -24,7 +24,7 @@ from trainer.balance import (
     split_batch,
 )
 from trainer.config import BadInputError, TrainConfig, parse_config
-from trainer.data import ResumableSampler, SyntheticImages, build_loader
+from trainer.data import EpochSampler, SyntheticImages, build_loader
 from trainer.model import wrap_ddp
 
 # --- the split ------------------------------------------------------------------------------
@@ -153,9 +153,7 @@ def test_equal_shares_take_the_same_sampler() -> None:
     loader = build_loader(data, cfg, 1, 2, pin=False, train=True)
     assert isinstance(loader.sampler, WeightedDistributedSampler)
     assert loader.batch_size == 4
-    assert isinstance(
-        build_loader(data, cfg, 1, 2, pin=False, train=False).sampler, ResumableSampler
-    )
+    assert isinstance(build_loader(data, cfg, 1, 2, pin=False, train=False).sampler, EpochSampler)
 
 
 # --- the gradient ---------------------------------------------------------------------------
