@@ -50,7 +50,7 @@ format: $(STAMP) ## Apply ruff's formatting and safe fixes
 # One worker per core (pytest-xdist): on 2 cores the tier took 621 s instead of 865 s (EPYC
 # without AVX512, 2026-11-26); its waits (torch start-up, playbook runs, timeouts) overlap.
 unit: $(STAMP) $(JPEG_LIB) ## Unit tier: pure Python, filters, trainer on CPU (incl. 2-rank gloo runs)
-	$(BIN)/python -m pytest tests/unit -n auto
+	$(BIN)/python -m pytest tests/unit -n auto --durations=40
 
 test-gpu: $(STAMP) ## GPU tier, on a host with an NVIDIA GPU only (not in make test: CI has none)
 	$(BIN)/python -m pytest tests/gpu
