@@ -39,6 +39,7 @@ class Membership:
     views: dict[int, dict]
     seen: dict[int, tuple[int, float]]
     started: float
+    beats: int
     _broken: str
     # and, from Peers: _guarded(), _get(), _set(), _scoped(), _keepalive(), _call(), _open()
     _guarded: Callable
@@ -85,6 +86,23 @@ class Membership:
         return said
 
     # --- a host left out, coming back -------------------------------------------------------
+    def ran_before(self) -> bool:
+        """This host's agent is new in a run an earlier agent of the host was part of (its
+        container was started again): the store has the host's keepalive. The keepalive count
+        goes on from that one (the others count a keepalive only when it grows), and an earlier
+        answer to this host (``welcome/<n>``) is one the next must be newer than."""
+        me = self.cfg.node_rank
+
+        def read() -> tuple[dict | None, dict | None]:
+            return self._get(f"alive/{me}"), self._get(f"welcome/{me}")
+
+        alive, welcome = self._guarded(read)  # type: ignore[misc]
+        if alive is None:
+            return False
+        self.beats = int(alive["count"])
+        self.generation = int(welcome["generation"]) if welcome else 0
+        return True
+
     def reconnect(self) -> bool:
         """Connect to the store again (this host was cut off or left out); False while it
         cannot be reached, StoreGone when it refuses (the run is over)."""

@@ -1,7 +1,9 @@
 """Taking a host back into a run that went on without it (``--min-hosts``), at a checkpoint.
 
 The ``Regrowing`` part of ``supervise.Agent``. A host left out (cut off, or its agent judged
-gone) keeps its agent: its ranks are ended, and it tries the run's store every few seconds.
+gone) keeps its agent: its ranks are ended, and it tries the run's store every few seconds. A
+host whose agent was started again (its container restarted, or relaunched by a re-run of
+train.yml) does the same from its start: the store already has its keepalive.
 Once it reaches it, it asks to come back (``membership.ask_to_join``). Node rank 0's agent
 waits for the next checkpoint the ranks write (their heartbeat's ``saved`` step), then ends the
 generation with a claimed failure marked ``regrow`` (no forensics: nothing failed): every
@@ -86,17 +88,22 @@ class Regrowing:
                 return False
         return self._regroup_and_start(generation, cause, [], joining)
 
-    def _rejoined(self) -> bool:
-        """A host cut off or left out (not node rank 0): ask to come back until node rank 0
-        lets it in, and start with the others (True); False when the run ends first, on a stop,
-        or when shrinking is off."""
+    def _rejoined(self, again: bool = False) -> bool:
+        """A host cut off or left out (not node rank 0), or whose agent was started ``again``
+        in the run (its container restarted: ``Peers.ran_before``): ask to come back until node
+        rank 0 lets it in, and start with the others (True); False when the run ends first, on
+        a stop, or when shrinking is off."""
         cfg = self.cfg
         if not (cfg.min_hosts and cfg.restarts and cfg.node_rank) or self.signum:
             return False
-        if self.store_ok and not self.left_out:
+        if self.store_ok and not self.left_out and not again:
             return False
         self.ranks.kill_all()
-        self.say("out of the run: its ranks are ended; it asks to come back until the run ends")
+        self.say(
+            "started again in the run: it asks to come back until the run ends"
+            if again
+            else "out of the run: its ranks are ended; it asks to come back until the run ends"
+        )
         said = self._welcome_back()
         if said is None:
             return False

@@ -23,7 +23,7 @@ from ddpfleet_agent.peers import StoreLost
 from ddpfleet_agent.ranks import KILL_WAIT
 from ddpfleet_agent.records import cause_line
 
-RESTART_ENV = "DDPFLEET_RESTART"  # the restart count, in the restarted command's environment
+RESTART_ENV = "DDPFLEET_RESTART"  # the generation (starts before this one), in a restart's env
 # In a run that goes on without a host (``--min-hosts``): the first attempt's world size and
 # which of its global ranks remain, in the new ranks' order. ddpfleet's trainer splits the
 # same global batch among them (trainer.balance.attempt_batches).
@@ -87,8 +87,8 @@ class Restarting:
         """Start the command (again: on the hosts still members, renumbered) and open its
         entry in the attempts list."""
         cfg, env, members = self.cfg, self.child_env, self.peers.members
-        if self.attempts:  # the trainer then resumes from the newest checkpoint
-            env[RESTART_ENV] = str(len(self.attempts))
+        if self.peers.generation:  # the trainer then resumes from the newest checkpoint
+            env[RESTART_ENV] = str(self.peers.generation)
         world = cfg.nproc * len(members) if cfg.world_size else None
         self.ranks.command = regrouped(cfg.command, len(members), members.index(cfg.node_rank))
         if len(members) < len(cfg.hosts):

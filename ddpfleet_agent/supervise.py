@@ -107,7 +107,15 @@ class Agent(Ending, Judging, Restarting, Regrowing):
             return self._finish("failed", 1)
         if cfg.metrics_port and (why := self._serve_metrics()):
             self.say(why)  # the run goes on without its metrics
-        self._start_ranks()
+        if not (cfg.node_rank and self.peers.ran_before()):
+            self._start_ranks()
+        elif not (cfg.min_hosts and cfg.restarts):  # its container was started again: the run
+            # went on with its earlier ranks, which are gone, and takes no host back
+            why = "its agent was started again in the run, which takes no host back (min hosts 0)"
+            self.failure = self._claim(self._failure(cfg.node_rank, None, None, why))
+            return self._finish("failed", 1)
+        elif not self._rejoined(again=True):  # regrow.py
+            return self._finish("left out", 1)
         while True:
             outcome, code = self._supervise()
             if not (self._restarted(outcome) or self._rejoined()):

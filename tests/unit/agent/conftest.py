@@ -49,7 +49,7 @@ while True:
 # "deaf" (ignores SIGTERM), "done:<s>" (a last heartbeat in phase "done", then <s> seconds
 # before it exits 0, as a trainer tearing down), "killed:<s>" (SIGKILLs itself after <s>),
 # "crash:<step>:<code>" (exits <code> on reaching <step>). FAKE_<rank>_R<n>, where set, is the
-# rank's mode after the agents' n-th restart (DDPFLEET_RESTART=n).
+# rank's mode in the agents' generation n (DDPFLEET_RESTART=n: the n-th start after the first).
 # Times count from the rank's start, or from FAKE_T0 (an epoch time) when the test sets one.
 # Writes heartbeats like the trainer (a thread), with a checkpoint every 5 steps ("saved").
 RANK = r"""
@@ -134,6 +134,8 @@ class Cluster:
         (tmp / "rank.py").write_text(RANK)
         self.options = {"peer-timeout": 4, "heartbeat-timeout": 4, "stop-timeout": 5, **options}
         self.procs: list[subprocess.Popen[str]] = []
+        self.modes: dict[int | str, str] = {}
+        self.t0 = 0.0
         self.metrics_ports: list[int] = []  # node n's --metrics 127.0.0.1:<port>, if given
         self.tmpdir = tmp / "tmp"
         self.tmpdir.mkdir()
@@ -143,33 +145,39 @@ class Cluster:
         self.key_file.chmod(0o600)
 
     def start(
-        self, modes: dict[int, str], defects: dict[int, str] | None = None, t0: float = 0.0
+        self, modes: dict[int | str, str], defects: dict[int, str] | None = None, t0: float = 0.0
     ) -> None:
         """Start every host's agent; ``defects[node]``: an Agent method that raises there (a
         stand-in for a bug in the agent itself, which is what its last-resort handler is for);
         ``t0``: the epoch time the modes' times count from, on every host alike."""
-        for node, host in enumerate(self.hosts):
-            agent = ["-m", "ddpfleet_agent"]
-            if defects and node in defects:
-                agent = ["-c", DEFECT.format(method=defects[node])]
-            args = [sys.executable, *agent, "--run-dir", str(self.run_dir),
-                    "--run-id", "t1", "--host", host, "--node-rank", str(node),
-                    "--hosts", ",".join(self.hosts), "--store", f"127.0.0.1:{self.port}",
-                    "--attempt", "a1", "--key-file", str(self.key_file)]  # fmt: skip
-            for name, value in self.options.items():
-                args += [f"--{name}", str(value)]
-            if self.metrics_ports:
-                args += ["--metrics", f"127.0.0.1:{self.metrics_ports[node]}"]
-            args += ["--", sys.executable, str(self.tmp / "launcher.py"), str(node)]
-            env = {**os.environ, "FAKE_RANK": str(self.tmp / "rank.py"), "PYTHONPATH": str(ROOT)}
-            env["TMPDIR"] = str(self.tmpdir)  # where the agents keep their heartbeat files
-            env.update({f"FAKE_{r}": m for r, m in modes.items()})
-            if t0:
-                env["FAKE_T0"] = str(t0)
-            out = subprocess.PIPE
-            self.procs.append(
-                subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
-            )
+        self.modes, self.t0 = modes, t0
+        for node in range(len(self.hosts)):
+            self.procs.append(self._agent(node, (defects or {}).get(node)))
+
+    def start_again(self, node: int) -> None:
+        """Start the agent of ``node`` again, as its container is after it was killed (a restart
+        policy, a re-run of train.yml): the same command, the same ranks' modes."""
+        assert self.procs[node].poll() is not None, "the host's agent still runs"
+        self.procs[node] = self._agent(node, None)
+
+    def _agent(self, node: int, defect: str | None) -> subprocess.Popen[str]:
+        agent = ["-m", "ddpfleet_agent"] if defect is None else ["-c", DEFECT.format(method=defect)]
+        args = [sys.executable, *agent, "--run-dir", str(self.run_dir),
+                "--run-id", "t1", "--host", self.hosts[node], "--node-rank", str(node),
+                "--hosts", ",".join(self.hosts), "--store", f"127.0.0.1:{self.port}",
+                "--attempt", "a1", "--key-file", str(self.key_file)]  # fmt: skip
+        for name, value in self.options.items():
+            args += [f"--{name}", str(value)]
+        if self.metrics_ports:
+            args += ["--metrics", f"127.0.0.1:{self.metrics_ports[node]}"]
+        args += ["--", sys.executable, str(self.tmp / "launcher.py"), str(node)]
+        env = {**os.environ, "FAKE_RANK": str(self.tmp / "rank.py"), "PYTHONPATH": str(ROOT)}
+        env["TMPDIR"] = str(self.tmpdir)  # where the agents keep their heartbeat files
+        env.update({f"FAKE_{r}": m for r, m in self.modes.items()})
+        if self.t0:
+            env["FAKE_T0"] = str(self.t0)
+        return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)  # fmt: skip
 
     def wait(self, timeout: float = 60) -> list[int]:
         deadline = time.monotonic() + timeout

@@ -4,6 +4,7 @@ rank's failure, record each start, and refuse to loop on a deterministic error."
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -93,7 +94,7 @@ def test_a_host_cut_off_and_back_rejoins_at_the_next_checkpoint(cluster):
     c = cluster(3, restarts=1, **{"min-hosts": 2, "world-size": 3})
     (c.run_dir / "summary.json").write_text(json.dumps({"status": "completed", "world_size": 3}))
     c.start({0: "run:60", 1: "run:60", 2: "run:60", "0_R1": "run:60", "1_R1": "run:60",
-             "0_R2": "run:12", "1_R2": "run:12", "2_R1": "run:12"})  # fmt: skip
+             "0_R2": "run:12", "1_R2": "run:12", "2_R2": "run:12"})  # fmt: skip
     c.heartbeat_ready(2, step=3)
     c.freeze_host(2, 9)
     assert c.wait(90) == [0, 0, 0], c.output()
@@ -109,6 +110,50 @@ def test_a_host_cut_off_and_back_rejoins_at_the_next_checkpoint(cluster):
     log = (c.run_dir / "nodes" / "h2.log").read_text()
     assert "asks to come back" in log
     assert "back in the run at its generation 2" in log
+
+
+def test_a_host_whose_agent_is_started_again_rejoins_at_the_next_checkpoint(cluster):
+    """h2's container killed (its agent and rank), then started again (a restart policy, a
+    re-run of train.yml): h0 and h1 go on without it; the new agent finds the host's keepalive
+    in the store, asks to come back and starts with the others at the next checkpoint, its
+    ranks told to resume (DDPFLEET_RESTART: the generation it joins)."""
+    c = cluster(3, restarts=1, **{"min-hosts": 2, "world-size": 3})
+    (c.run_dir / "summary.json").write_text(json.dumps({"status": "completed", "world_size": 3}))
+    c.start({0: "run:60", 1: "run:60", 2: "run:60", "0_R1": "run:60", "1_R1": "run:60",
+             "0_R2": "run:12", "1_R2": "run:12", "2_R2": "run:12"})  # fmt: skip
+    c.heartbeat_ready(2, step=3)
+    c.kill_host(2)
+    deadline = time.monotonic() + 30
+    while "restart 1 of 1 without h2" not in (c.run_dir / "nodes" / "h0.log").read_text():
+        assert time.monotonic() < deadline, c.output()
+        time.sleep(0.3)
+    c.start_again(2)
+    assert c.wait(90) == [0, 0, 0], c.output()
+    progress = c.json("progress.json")
+    assert (progress["status"], progress["restarts"]) == ("completed", 1), progress
+    hosts = [a["hosts"] for a in progress["attempts"]]
+    assert hosts == [c.hosts, ["h0", "h1"], c.hosts], progress["attempts"]
+    assert progress["attempts"][2]["cause"].startswith("h2 back: rejoined at the checkpoint")
+    log = (c.run_dir / "nodes" / "h2.log").read_text()
+    assert "started again in the run: it asks to come back" in log
+    assert "back in the run at its generation 2" in log
+
+
+def test_a_host_started_again_in_a_run_that_takes_no_host_back_fails_it_naming_why(cluster):
+    """Without --min-hosts, h2's container killed and started again at once (before its
+    keepalive is missed): its new agent starts no rank and fails the run, naming why, instead
+    of leaving the others to a rendezvous that cannot come (a peer timeout longer than the new
+    agent's start, so that the others do not judge the host gone first)."""
+    c = cluster(3, restarts=1, **{"world-size": 3, "peer-timeout": 40})
+    c.start({0: "run:60", 1: "run:60", 2: "run:60"})
+    c.heartbeat_ready(2, step=3)
+    c.kill_host(2)
+    c.start_again(2)
+    assert all(code != 0 for code in c.wait(30)), c.output()
+    summary = c.json("summary.json")
+    assert summary["cause"].startswith("run t1 failed: host h2"), summary
+    assert "its agent was started again in the run, which takes no host back" in summary["cause"]
+    assert summary["restarts"] == 0
 
 
 CRASH = {"host": "h1", "rank": 1, "exit_code": 1, "reason": "x", "step": 7, "restartable": True}
