@@ -4,6 +4,7 @@ rank's failure, record each start, and refuse to loop on a deterministic error."
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import pytest
@@ -137,6 +138,28 @@ def test_a_host_whose_agent_is_started_again_rejoins_at_the_next_checkpoint(clus
     log = (c.run_dir / "nodes" / "h2.log").read_text()
     assert "started again in the run: it asks to come back" in log
     assert "back in the run at its generation 2" in log
+
+
+def test_a_stop_while_a_host_waits_to_come_back_ends_every_agent(cluster):
+    """stop.yml's SIGTERM to every agent while the run goes on without h2 and h2 asks to come
+    back (no checkpoint comes: the ranks of the shrunk run stop stepping): h0 and h1 stop the
+    run, h2's agent stops asking, and the run is recorded stopped."""
+    c = cluster(3, restarts=1, **{"min-hosts": 2, "world-size": 3, "heartbeat-timeout": 60})
+    c.start({0: "run:60", 1: "run:60", 2: "run:60", "0_R1": "hang", "1_R1": "hang"})
+    c.heartbeat_ready(2, step=3)
+    c.freeze_host(2, 9)
+    deadline = time.monotonic() + 30
+    while "asked to come back" not in (c.run_dir / "nodes" / "h0.log").read_text():
+        assert time.monotonic() < deadline, c.output()
+        time.sleep(0.3)
+    for agent in c.procs:
+        agent.send_signal(signal.SIGTERM)
+    codes = c.wait(30)
+    assert codes[:2] == [143, 143], c.output()
+    progress = c.json("progress.json")
+    assert progress["status"] == "stopped", progress
+    assert [a["hosts"] for a in progress["attempts"]] == [c.hosts, ["h0", "h1"]]
+    assert c.json("nodes/h2.exit")["outcome"] == "left out"
 
 
 def test_a_host_started_again_in_a_run_that_takes_no_host_back_fails_it_naming_why(cluster):
