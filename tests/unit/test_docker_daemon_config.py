@@ -233,7 +233,9 @@ def test_valid_change_replaces_the_file_and_restarts(node: Path, fakes_2010: Pat
     assert not marker(node).exists()
 
 
-def test_restart_held_back_under_a_training_run_is_remembered(node: Path, fakes_2010: Path) -> None:
+def test_a_restart_held_back_under_a_run_is_remembered_then_applied_without_one(
+    node: Path, fakes_2010: Path
+) -> None:
     out = site(node, fakes_2010, running="c0ffee", docker_log_max_file=6)
     assert out.startswith("rc=0"), out[-3000:]
     assert "label=io.ddpfleet.run_id" in calls(fakes_2010)
@@ -242,11 +244,6 @@ def test_restart_held_back_under_a_training_run_is_remembered(node: Path, fakes_
     assert marker(node).exists()
     assert "c0ffee" in marker(node).read_text()
     assert stat.S_IMODE(marker(node).stat().st_mode) == 0o644
-
-
-def test_pending_restart_waits_for_the_run_then_is_applied(node: Path, fakes_2010: Path) -> None:
-    site(node, fakes_2010, running="c0ffee", docker_log_max_file=6)
-    assert marker(node).exists()
     # daemon.json already says 6 from here on: only the marker asks for the restart.
     still = site(node, fakes_2010, running="c0ffee", docker_log_max_file=6)
     assert still.startswith("rc=0"), still[-3000:]

@@ -95,7 +95,7 @@ def test_a_host_cut_off_and_back_rejoins_at_the_next_checkpoint(cluster):
     c = cluster(3, restarts=1, **{"min-hosts": 2, "world-size": 3})
     (c.run_dir / "summary.json").write_text(json.dumps({"status": "completed", "world_size": 3}))
     c.start({0: "run:60", 1: "run:60", 2: "run:60", "0_R1": "run:60", "1_R1": "run:60",
-             "0_R2": "run:12", "1_R2": "run:12", "2_R2": "run:12"})  # fmt: skip
+             "0_R2": "run:5", "1_R2": "run:5", "2_R2": "run:5"})  # fmt: skip
     c.heartbeat_ready(2, step=3)
     c.freeze_host(2, 9)
     assert c.wait(90) == [0, 0, 0], c.output()
@@ -121,15 +121,15 @@ def test_a_host_whose_agent_is_started_again_rejoins_at_the_next_checkpoint(clus
     c = cluster(3, restarts=1, **{"min-hosts": 2, "world-size": 3})
     (c.run_dir / "summary.json").write_text(json.dumps({"status": "completed", "world_size": 3}))
     c.start({0: "run:60", 1: "run:60", 2: "run:60", "0_R1": "run:60", "1_R1": "run:60",
-             "0_R2": "run:12", "1_R2": "run:12", "2_R2": "run:12"})  # fmt: skip
+             "0_R2": "run:5", "1_R2": "run:5", "2_R2": "run:5"})  # fmt: skip
     c.heartbeat_ready(2, step=3)
     c.kill_host(2)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while "restart 1 of 1 without h2" not in (c.run_dir / "nodes" / "h0.log").read_text():
         assert time.monotonic() < deadline, c.output()
         time.sleep(0.3)
     c.start_again(2)
-    assert c.wait(90) == [0, 0, 0], c.output()
+    assert c.wait(120) == [0, 0, 0], c.output()
     progress = c.json("progress.json")
     assert (progress["status"], progress["restarts"]) == ("completed", 1), progress
     hosts = [a["hosts"] for a in progress["attempts"]]
