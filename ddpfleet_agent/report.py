@@ -159,8 +159,8 @@ def write_report(run_dir: Path, run_id: str, hosts: list[str], nproc: int, ratio
     if not rows:
         return "report.txt written (no metrics rows: no report.png)"
     try:
-        marks = [(float(a["from_step"]), f"restart {n}")
-                 for n, a, _ in restarts(summary.get("attempts"))
+        marks = [(float(a["from_step"]), f"restart {n}" + (f": {change}" if change else ""))
+                 for n, a, change in restarts(summary.get("attempts"))
                  if _num(a.get("from_step")) is not None]  # fmt: skip
         png = render_png(run_id, rows, marks)
     except ImportError as exc:

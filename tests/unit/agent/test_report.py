@@ -239,3 +239,14 @@ def test_restarts_are_a_line_each_in_the_table_and_a_red_line_on_the_plot():
     assert marked.get(plot.RED, 0) > colours(plot.render_png("r5", ROWS, [(99.0, "x")])).get(
         plot.RED, 0
     )  # a mark off the steps drawn is left out
+
+
+def test_the_plot_marks_each_start_with_how_its_hosts_changed(tmp_path: Path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(report, "render_png", lambda _r, _rows, marks: drawn.extend(marks) or b"")
+    h = ["n1", "n2", "n3"]
+    attempts = [{"hosts": h}, {"from_step": 10, "hosts": h}, {"from_step": 20, "hosts": h[:2]},
+                {"from_step": 30, "hosts": h}]  # fmt: skip
+    report.write_report(run_dir(tmp_path, {**SUMMARY, "attempts": attempts}, ROWS), "r5", h, 1, 0.9)
+    assert drawn == [(10.0, "restart 1"), (20.0, "restart 2: without n3"),
+                     (30.0, "restart 3: n3 back")]  # fmt: skip
