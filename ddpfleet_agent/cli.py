@@ -51,6 +51,11 @@ class AgentConfig:
         return self.node_rank == 0
 
     @property
+    def takes_hosts_back(self) -> bool:
+        """A host left out may come back (regrow.py): the run may shrink and restart."""
+        return bool(self.min_hosts and self.restarts)
+
+    @property
     def nproc(self) -> int:
         """Processes per host (global rank // nproc is the node rank); 1 when unknown."""
         return max(self.world_size // len(self.hosts), 1)

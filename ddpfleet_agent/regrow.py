@@ -94,9 +94,9 @@ class Regrowing:
         rank 0 lets it in, and start with the others (True); False when the run ends first, on
         a stop, or when shrinking is off."""
         cfg = self.cfg
-        if not (cfg.min_hosts and cfg.restarts and cfg.node_rank) or self.signum:
+        if not (cfg.takes_hosts_back and cfg.node_rank) or self.signum:
             return False
-        if self.store_ok and not self.left_out and not again:
+        if self.store_ok and not self.left_out:
             return False
         self.ranks.kill_all()
         self.say(

@@ -109,13 +109,15 @@ class Agent(Ending, Judging, Restarting, Regrowing):
             self.say(why)  # the run goes on without its metrics
         if not (cfg.node_rank and self.peers.ran_before()):
             self._start_ranks()
-        elif not (cfg.min_hosts and cfg.restarts):  # its container was started again: the run
-            # went on with its earlier ranks, which are gone, and takes no host back
+        elif not cfg.takes_hosts_back:  # its container was started again: the run went on
+            # with its earlier ranks, which are gone, and takes no host back
             why = "its agent was started again in the run, which takes no host back (min hosts 0)"
             self.failure = self._claim(self._failure(cfg.node_rank, None, None, why))
             return self._finish("failed", 1)
-        elif not self._rejoined(again=True):  # regrow.py
-            return self._finish("left out", 1)
+        else:  # not in the run's current generation until node rank 0 lets it back (regrow.py)
+            self.left_out = True
+            if not self._rejoined(again=True):
+                return self._finish("left out", 1)
         while True:
             outcome, code = self._supervise()
             if not (self._restarted(outcome) or self._rejoined()):
