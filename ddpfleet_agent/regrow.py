@@ -5,7 +5,8 @@ gone) keeps its agent: its ranks are ended, and it tries the run's store every f
 host whose agent was started again (its container restarted, or relaunched by a re-run of
 train.yml) does the same from its start: the store already has its keepalive.
 Once it reaches it, it asks to come back (``membership.ask_to_join``). Node rank 0's agent
-waits for the next checkpoint the ranks write (their heartbeat's ``saved`` step), then ends the
+waits for the next checkpoint the ranks write (their heartbeat's ``saved`` step; not the one
+after the run's last step: the run is ending, the host is not taken back), then ends the
 generation with a claimed failure marked ``regrow`` (no forensics: nothing failed): every
 member kills its ranks, node rank 0 tells the host which generation it joins, and all regroup
 and restart from that checkpoint with it, at the run's first world size again. A host that
@@ -50,9 +51,8 @@ class Regrowing:
         """Node rank 0, while the ranks run: end the generation at the first checkpoint after a
         host left out asked to come back (a claimed failure marked ``regrow``), else None."""
         cfg, peers = self.cfg, self.peers
-        if not cfg.is_server or len(peers.members) == len(cfg.hosts):
-            return None
-        if now - self.join_checked < ASK_EVERY:
+        everyone = len(peers.members) == len(cfg.hosts)
+        if not cfg.is_server or everyone or now - self.join_checked < ASK_EVERY:
             return None
         self.join_checked = now
         asking = peers.joins()
@@ -67,6 +67,10 @@ class Regrowing:
             self.say(f"{names} asked to come back: at the run's next checkpoint")
             return None
         if saved is None or saved == self.join_wait[1]:
+            return None
+        if saved >= (lead.get("total_steps") or saved + 1):  # the ranks are ending the run
+            self.join_wait = (asking, saved)
+            self.say(f"{names} not taken back: the run saved its last step ({int(saved)})")
             return None
         reason = f"{names} back: rejoined at the checkpoint of step {int(saved)}"
         found = failures.failure(cfg.hosts, asking[0], None, None, reason, judge=cfg.host)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import signal
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from ddpfleet_agent.failures import restart_refusal
+from ddpfleet_agent.regrow import ASK_EVERY, Regrowing
 
 
 def test_a_rank_that_fails_once_is_restarted_in_place_and_the_run_completes(cluster):
@@ -220,3 +222,37 @@ def test_restart_refusal_of_a_host_gone(cause, members, min_hosts, verdict):
     assert restart_refusal(cause, [], 2, members=members, min_hosts=min_hosts) == verdict
     if verdict is None:  # the restarts still count
         assert restart_refusal(cause, [CRASH, CRASH], 2, members=members, min_hosts=min_hosts)
+
+
+class _Lead(Regrowing):
+    """Node rank 0's agent as `Regrowing._regrow` sees it: h2 left out and asking to come back,
+    the lead rank's heartbeat at `saved` of `total` steps."""
+
+    def __init__(self, saved: int, total: int) -> None:
+        self.cfg = SimpleNamespace(is_server=True, hosts=["h0", "h1", "h2"], host="h0")
+        self.peers = SimpleNamespace(
+            members=[0, 1], joins=lambda: [2],
+            views={0: {"ranks": [{"saved": saved, "total_steps": total}]}},
+        )  # fmt: skip
+        self.said: list[str] = []
+        self.say = self.said.append
+
+    def regrow_after(self, saved: int) -> dict | None:
+        """_regrow when h2 asks, then again once the ranks saved `saved`."""
+        assert self._regrow(10.0) is None  # asked: waits for the next checkpoint
+        self.peers.views[0]["ranks"][0]["saved"] = saved
+        return self._regrow(10.0 + ASK_EVERY)
+
+
+def test_a_host_is_taken_back_at_the_next_checkpoint_but_not_at_the_run_s_last_step():
+    """The checkpoint after the last step comes as the ranks end the run: regrowing there would
+    kill ranks that completed it and start a run with nothing left to train (seen in the e2e:
+    node3 relaunched near the end, the fifth start failed before any step)."""
+    back = _Lead(saved=35, total=45).regrow_after(40)
+    assert back["regrow"] == [2], back
+    assert back["reason"] == "h2 back: rejoined at the checkpoint of step 40"
+    lead = _Lead(saved=40, total=45)
+    assert lead.regrow_after(45) is None
+    assert lead.said[-1] == "h2 not taken back: the run saved its last step (45)"
+    assert lead._regrow(10.0 + 2 * ASK_EVERY) is None  # said once, not taken later
+    assert len(lead.said) == 2
