@@ -68,7 +68,8 @@ class Regrowing:
             return None
         if saved is None or saved == self.join_wait[1]:
             return None
-        if saved >= (lead.get("total_steps") or saved + 1):  # the ranks are ending the run
+        total = lead.get("total_steps")
+        if total and saved >= total:  # the ranks are ending the run
             self.join_wait = (asking, saved)
             self.say(f"{names} not taken back: the run saved its last step ({int(saved)})")
             return None

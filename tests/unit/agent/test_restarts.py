@@ -246,8 +246,9 @@ class _Lead(Regrowing):
 
 def test_a_host_is_taken_back_at_the_next_checkpoint_but_not_at_the_run_s_last_step():
     """The checkpoint after the last step comes as the ranks end the run: regrowing there would
-    kill ranks that completed it and start a run with nothing left to train (seen in the e2e:
-    node3 relaunched near the end, the fifth start failed before any step)."""
+    kill ranks that completed it and start a run with nothing left to train (the likely cause
+    of a CI rehearsal's e2e failure, inferred without its logs: node3 relaunched late, the
+    fifth start failed before any step)."""
     back = _Lead(saved=35, total=45).regrow_after(40)
     assert back["regrow"] == [2], back
     assert back["reason"] == "h2 back: rejoined at the checkpoint of step 40"
