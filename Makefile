@@ -49,8 +49,9 @@ format: $(STAMP) ## Apply ruff's formatting and safe fixes
 
 # One worker per core (pytest-xdist): on 2 cores the tier took 621 s instead of 865 s (EPYC
 # without AVX512, 2026-11-26); its waits (torch start-up, playbook runs, timeouts) overlap.
+# UNIT_ARGS: more pytest arguments (make test runs the tier in two parts with -m).
 unit: $(STAMP) $(JPEG_LIB) ## Unit tier: pure Python, filters, trainer on CPU (incl. 2-rank gloo runs)
-	$(BIN)/python -m pytest tests/unit -n auto --durations=40
+	$(BIN)/python -m pytest tests/unit -n auto --durations=40 $(UNIT_ARGS)
 
 test-gpu: $(STAMP) ## GPU tier, on a host with an NVIDIA GPU only (not in make test: CI has none)
 	$(BIN)/python -m pytest tests/gpu
@@ -64,15 +65,10 @@ e2e: $(STAMP) host-deps ## End-to-end tier on the sandbox cluster (needs a Docke
 	bash tools/browser-deps.sh
 	$(BIN)/python -m pytest tests/e2e --durations=40
 
-# The tiers run one after another: with the unit tier beside the e2e tier's first site.yml on 2
-# cores (tried 2026-11-26) both ran far slower (unit 30 min instead of 13.6) and a timing test
-# failed; the CPU was already busy during site.yml.
+# tools/test_tiers.sh: lint, the unit tier's wall-clock tests, then the e2e tier with the rest
+# of the unit tier beside it (niced) once the first site.yml has provisioned the sandbox.
 test: ## Every test tier (what CI runs): lint, unit, e2e, each tier's time printed
-	@for tier in lint unit e2e; do \
-		start=$$(date +%s); \
-		$(MAKE) --no-print-directory $$tier || { echo "make test: tier $$tier failed after $$(( $$(date +%s) - start )) s"; exit 1; }; \
-		echo "make test: tier $$tier took $$(( $$(date +%s) - start )) s"; \
-	done
+	@MAKE="$(MAKE)" bash tools/test_tiers.sh
 
 tensorboard: $(STAMP) ## Serve a run's TensorBoard curves on the controller: make tensorboard RUN=<id> [PORT=6006]
 	@test -n "$(RUN)" || { echo "make tensorboard: give the run, e.g. make tensorboard RUN=1234" >&2; exit 2; }

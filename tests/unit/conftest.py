@@ -20,6 +20,17 @@ finally:
 
 from trainer.make_dataset import write_dataset  # noqa: E402
 
+# The run agent's and the doctor's tests drive timeouts of a few seconds (heartbeats, peers,
+# stalls, hangs): all of them count as `wallclock`, which make test never runs at low priority.
+WALLCLOCK_DIRS = ("agent", "doctor")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if item.path.relative_to(here).parts[0] in WALLCLOCK_DIRS:
+            item.add_marker(pytest.mark.wallclock)
+
 
 @pytest.fixture(scope="session")
 def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:

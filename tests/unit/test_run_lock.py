@@ -47,6 +47,7 @@ def action(path: Path, pid: int, **args) -> dict:
         return plugin.run(task_vars={})
 
 
+@pytest.mark.wallclock
 def test_a_free_lock_is_taken_with_who_holds_it(runs: Path) -> None:
     got = action(runs / "r1.lock", os.getpid(), attempt="a1")
     assert (got["changed"], got["acquired"]) == (True, True)

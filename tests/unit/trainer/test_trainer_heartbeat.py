@@ -26,6 +26,9 @@ def read(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+pytestmark = pytest.mark.wallclock  # the writer thread's period, in seconds
+
+
 @pytest.fixture(autouse=True)
 def no_agent(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests run standalone unless they set the agent's variables themselves."""

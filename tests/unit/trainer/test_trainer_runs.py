@@ -121,6 +121,7 @@ def test_2rank_on_a_generated_image_folder(image_folder: Path, tmp_path: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.wallclock
 def test_sigterm_checkpoints_marks_stopped_and_exits_143(tmp_path: Path) -> None:
     # The ranks agree on stopping once per log interval: 10 steps, not 50, keep the stop within
     # the limit below when the machine is busy (50 steps took 29 s beside 3 test workers).
