@@ -36,14 +36,17 @@ e2e=$!
 while [ ! -e "$DDPFLEET_E2E_PROVISIONED_FLAG" ] && kill -0 "$e2e" 2>/dev/null; do
   sleep 5
 done
-echo "make test: the rest of the unit tier starts beside the e2e tier (nice 10; its output at the end)"
-run "tier unit, the rest (beside e2e)" nice -n 10 "${make_[@]}" unit UNIT_ARGS="-m 'not wallclock'" \
+echo "make test: the rest of the unit tier starts beside the e2e tier (at low priority; its output at the end)"
+unit_started=$(date +%s)
+setsid bash tools/low_priority.sh "${make_[@]}" unit UNIT_ARGS="-m 'not wallclock'" \
   >"$scratch/unit.log" 2>&1 &
-unit=$!
+unit=$!  # its session's id: not a job-control shell, so setsid needs no fork
+trap 'kill -- -$unit 2>/dev/null; kill $(jobs -p) 2>/dev/null; rm -rf "$scratch"' EXIT
 e2e_rc=0
 unit_rc=0
 wait "$unit" || unit_rc=$?
-tail -n 1 "$scratch/unit.log"
+echo "make test: tier unit, the rest (beside e2e) took $(($(date +%s) - unit_started)) s$([ "$unit_rc" = 0 ] || echo ", FAILED (exit $unit_rc)")" |
+  tee -a "$scratch/unit.log"
 wait "$e2e" || e2e_rc=$?
 echo "make test: the unit tier beside e2e said:"
 cat "$scratch/unit.log"

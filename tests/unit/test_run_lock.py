@@ -22,6 +22,8 @@ from plugin_loader import load_plugin, node_shell
 
 lock = load_plugin("ddpfleet_lock", "roles/host_lock/action_plugins/ddpfleet_lock.py")
 OWNER = os.getuid() if os.getuid() else 65534  # as root the commands drop to nobody
+# a lock taken "now", waits of 0.3 and 10 s for a holder to let go
+pytestmark = pytest.mark.wallclock
 
 
 @pytest.fixture
@@ -47,7 +49,6 @@ def action(path: Path, pid: int, **args) -> dict:
         return plugin.run(task_vars={})
 
 
-@pytest.mark.wallclock
 def test_a_free_lock_is_taken_with_who_holds_it(runs: Path) -> None:
     got = action(runs / "r1.lock", os.getpid(), attempt="a1")
     assert (got["changed"], got["acquired"]) == (True, True)
