@@ -87,6 +87,9 @@ def overrides_yaml(settings: Settings, mode: str, trainer_base: str, archive: st
         "preflight_min_free_gb": "8",
         # The sandbox's runs last a minute or two: scrape often enough to draw them.
         "monitoring_scrape_interval": "5s",
+        # Slurm is off by default; the sandbox turns it on, so that site.yml, its no-op re-run
+        # and testinfra cover the slurm role on every `make test`.
+        "slurm_enabled": "true",
         **DEMO_TRAINING,
     }
     body = "".join(f"{key}: {value}\n" for key, value in values.items())

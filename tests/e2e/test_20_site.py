@@ -63,6 +63,13 @@ def test_testinfra_suite_passes(provisioned: PlaybookRun, sandbox: Any) -> None:
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
 
 
+def test_slurm_runs_one_task_on_every_trainer(provisioned: PlaybookRun, sandbox: Any) -> None:
+    """The sandbox turns slurm_enabled on: munge, slurmctld and slurmd work across the nodes."""
+    tasks = sandbox.ssh(sandbox.nodes[0], f"srun --nodes={len(sandbox.nodes)} hostname")
+    assert tasks.returncode == 0, tasks.stderr
+    assert sorted(tasks.stdout.split()) == sorted(node.hostname for node in sandbox.nodes)
+
+
 def test_preflight_refuses_bad_cidr_before_any_change(
     provisioned: PlaybookRun, sandbox: Any
 ) -> None:

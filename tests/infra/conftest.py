@@ -33,6 +33,9 @@ ROLE_DEFAULTS: dict[str, Any] = {
     "monitoring_node_exporter_port": 9100,
     "monitoring_retention_time": "15d",
     "monitoring_retention_size": "2GB",
+    "slurm_enabled": False,
+    "slurm_partition": "ddpfleet",
+    "slurm_slurmctld_port": 6817,
 }
 
 _RENDERED: dict[tuple[str, str], Any] = {}
