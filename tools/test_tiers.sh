@@ -5,9 +5,10 @@
 # The unit tier runs in two parts. Its tests that assert bounds in wall-clock seconds (marker
 # `wallclock`: the run agent's and the doctor's tests, a few trainer ones) run first, at full
 # priority. The others run beside the e2e tier, from the moment its first site.yml has
-# provisioned the sandbox, at nice 10: after that step the e2e tier leaves ~29 % of two cores
-# idle (its runs wait on timeouts, SSH and the ranks' rendezvous; vmstat on the 2-core Xeon,
-# 2026-11-28), and niced tests fill that time while the sandbox's nodes keep their share.
+# provisioned the sandbox, at the lowest priority (tools/low_priority.sh: nice 19 for their
+# session's autogroup too): after that step the e2e tier leaves ~29 % of two cores idle (its
+# runs wait on timeouts, SSH and the ranks' rendezvous; vmstat on the 2-core Xeon,
+# 2026-11-28), and the unit tests fill that time while the sandbox's nodes keep their share.
 # Not beside the first site.yml: there the cores are busy (17 % idle), and with the whole
 # unit tier beside it both ran far slower (tried 2026-11-26).
 set -uo pipefail
