@@ -152,6 +152,25 @@ def restart_lines(run_id: str, p: dict, shown: int) -> list[str]:
     return lines
 
 
+class Shown:
+    """What train.yml's follow printed so far: each poll prints the restarts not shown yet,
+    then the progress line when the step or the hosts changed (for a program without
+    heartbeats, which has no steps: once a minute)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id, self.restarts, self.last = run_id, 0, None
+
+    def new_lines(self, snap: dict) -> list[str]:
+        p = snap["progress"]
+        lines = restart_lines(self.run_id, p, self.restarts)
+        self.restarts = max(self.restarts, len(p.get("attempts") or [None]) - 1)
+        minute = int(p.get("elapsed_sec") or 0) // 60 if p.get("program") else None
+        if snap["line"] and (p.get("step"), p.get("hosts"), minute) != self.last:
+            lines.append(snap["line"])
+            self.last = (p.get("step"), p.get("hosts"), minute)
+        return lines
+
+
 def run_status(snap: dict, containers: dict) -> str:
     """running (a container runs), progress.json's status word once the run ended (else
     summary.json's), unknown (launched, nothing recorded since) or absent (never launched)."""

@@ -262,6 +262,29 @@ def test_a_restarted_run_says_so_once_per_restart():
     assert view.restart_lines("r", p, 2) == []
 
 
+def test_follow_prints_a_progress_line_when_the_step_or_hosts_change_and_restarts_once():
+    shown = view.Shown("r")
+    first = shown.new_lines(snap(prog=progress(step=40)))
+    assert first == [view.progress_line("r", progress(step=40), HOSTS)]
+    assert shown.new_lines(snap(prog=progress(step=40))) == []  # nothing new
+    moved = shown.new_lines(snap(prog=progress(step=41)))
+    assert moved == [view.progress_line("r", progress(step=41), HOSTS)]
+    attempts = [{"restart": 0, "cause": None, "hosts": HOSTS},
+                {"restart": 1, "cause": "run r failed: host x", "hosts": HOSTS}]  # fmt: skip
+    again = shown.new_lines(snap(prog=progress(step=41, restarts=1, attempts=attempts)))
+    assert len(again) == 1  # the restart; the step did not move
+    assert "restarted in place (1)" in again[0]
+    assert shown.new_lines(snap(prog=progress(step=41, restarts=1, attempts=attempts))) == []
+
+
+def test_follow_prints_a_program_without_heartbeats_once_a_minute():
+    shown = view.Shown("r")
+    quiet = {"step": None, "phase": None, "program": True, "hosts": {}}
+    assert len(shown.new_lines(snap(prog=progress(elapsed_sec=5, **quiet)))) == 1
+    assert shown.new_lines(snap(prog=progress(elapsed_sec=50, **quiet))) == []
+    assert len(shown.new_lines(snap(prog=progress(elapsed_sec=65, **quiet)))) == 1
+
+
 def test_progress_line_names_hosts_not_running_and_unknown_values():
     p = {"step": 0, "hosts": {"node1": "running", "node2": "starting"}}
     assert view.progress_line("r", p, HOSTS) == (

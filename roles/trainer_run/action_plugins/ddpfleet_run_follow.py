@@ -61,7 +61,7 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         _, a = self.validate_argument_spec(argument_spec=SPEC)
         run_id, hosts, lines = a["run_id"], a["hosts"], []
-        snap, shown, seen, error, changes = None, None, None, "", 0
+        snap, shown, seen, error = None, view.Shown(run_id), None, ""
         last_change = time.monotonic()
         while a["once"] or time.monotonic() - last_change <= a["stale_after"]:
             files, error = self._read(a)
@@ -75,19 +75,11 @@ class ActionModule(ActionBase):
                     status = view.run_status(snap, on)
                     result["status_lines"] = view.status_lines(run_id, status, snap, on)
                     return self._done(result, snap, status, [snap["line"]] * bool(snap["line"]))
-                p = snap["progress"]
-                # a program without heartbeats has no steps: say it runs once a minute
-                minute = int(p.get("elapsed_sec") or 0) // 60 if p.get("program") else None
-                for line in view.restart_lines(run_id, p, changes):  # a line per restart
+                for line in shown.new_lines(snap):
                     display.display(line)
                     lines.append(line)
-                changes = max(changes, len(p.get("attempts") or [None]) - 1)
-                if snap["line"] and (p.get("step"), p.get("hosts"), minute) != shown:
-                    display.display(snap["line"])
-                    lines.append(snap["line"])
-                    shown = (p.get("step"), p.get("hosts"), minute)
-                if (p, sorted(snap["exits"])) != seen:
-                    seen, last_change = (p, sorted(snap["exits"])), now
+                if (snap["progress"], sorted(snap["exits"])) != seen:
+                    seen, last_change = (snap["progress"], sorted(snap["exits"])), now
                 if snap["outcome"]:
                     return self._done(result, snap, snap["outcome"], lines)
             time.sleep(a["poll_interval"])
