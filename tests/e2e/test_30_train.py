@@ -730,7 +730,7 @@ def port_held(cluster: Any, node: Any, port: int) -> Iterator[None]:
     ("node", "option", "port", "message"),
     [
         (0, "train_master_port", 29555, "rendezvous port 29555 is busy on node1"),
-        (1, "train_metrics_port", 29556, "metrics port 29556 is busy on node2"),
+        (1, "train_metrics_port", 29556, "preflight failed on node2: metrics port 29556 is busy"),
     ],
 )
 def test_a_busy_port_is_refused(

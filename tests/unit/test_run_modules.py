@@ -94,7 +94,24 @@ def test_port_probe_names_the_ports_each_peer_missed():
 
 
 def test_preflight_names_every_problem_on_one_line():
-    result = module(
+    busy = socket.socket()
+    busy.bind(("0.0.0.0", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    with busy:
+        result = run_busy(port)
+    msg = result["msg"]
+    assert msg.startswith("preflight failed on node3: ")
+    assert "\n" not in msg
+    assert "no-such-host.invalid does not resolve" in msg
+    assert "localhost resolves to 127.0.0.1, not its cluster_ip 10.9.9.9" in msg
+    assert f"metrics port {port} is busy" in msg
+    assert "/dev/shm is" in msg
+    assert f"train_cpus is {len(os.sched_getaffinity(0)) + 0.5:g}, more than the " in msg
+
+
+def run_busy(port: int) -> dict:
+    return module(
         "ddpfleet_run_preflight",
         {
             "host": "node3",
@@ -105,23 +122,21 @@ def test_preflight_names_every_problem_on_one_line():
             "shm_mb": 10**9,
             "ipc_host": True,
             "cpus": len(os.sched_getaffinity(0)) + 0.5,
+            "free_ports": {"metrics": port},
         },
         expect_ok=False,
     )
-    msg = result["msg"]
-    assert msg.startswith("preflight failed on node3: ")
-    assert "\n" not in msg
-    assert "no-such-host.invalid does not resolve" in msg
-    assert "localhost resolves to 127.0.0.1, not its cluster_ip 10.9.9.9" in msg
-    assert "/dev/shm is" in msg
-    assert f"train_cpus is {len(os.sched_getaffinity(0)) + 0.5:g}, more than the " in msg
 
 
 def test_preflight_passes_and_reports_what_the_engine_may_grant():
     peer = {"name": "lh", "hostname": "localhost", "cluster_ip": "127.0.0.1"}
     cpus = len(os.sched_getaffinity(0))  # a quota of every CPU fits
+    with socket.socket() as free:
+        free.bind(("0.0.0.0", 0))
+        port = free.getsockname()[1]  # bound, not listening: free once closed
     result = module(
-        "ddpfleet_run_preflight", {"host": "node1", "peers": [peer], "shm_mb": 1, "cpus": cpus}
+        "ddpfleet_run_preflight",
+        {"host": "node1", "peers": [peer], "shm_mb": 1, "cpus": cpus, "free_ports": {"m": port}},
     )
     assert result["gpu_models"] == []
     assert set(result["ulimits"]) == {"memlock", "stack"}

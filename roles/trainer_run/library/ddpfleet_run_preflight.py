@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 
@@ -13,10 +14,10 @@ DOCUMENTATION = r"""
 module: ddpfleet_run_preflight
 short_description: Check that a host can take part in a ddpfleet run
 description:
-- Every peer's hostname resolves to its cluster_ip; /dev/shm (host IPC) or memory (private
-  shm) is big enough; the CPU quota fits the host's CPUs; the GPUs (nvidia-smi) are there,
-  as many as asked for (default: every one found), no fewer than the processes per host,
-  and of a supported compute capability;
+- Every peer's hostname resolves to its cluster_ip; the free_ports can be bound; /dev/shm
+  (host IPC) or memory (private shm) is big enough; the CPU quota fits the host's CPUs; the
+  GPUs (nvidia-smi) are there, as many as asked for (default: every one found), no fewer
+  than the processes per host, and of a supported compute capability;
   with /dev/infiniband, the engine grants unlimited memlock. Fails with one line naming the
   host and every problem found. Returns the GPUs to use, the InfiniBand devices and what the
   Docker engine may grant as ulimits.
@@ -54,6 +55,10 @@ options:
     description: The run containers' Docker CPU quota (train_cpus); 0 is none.
     type: float
     default: 0.0
+  free_ports:
+    description: Ports by name that must be free on this host, e.g. {metrics: 29502}.
+    type: dict
+    default: {}
 author: ddpfleet
 """
 
@@ -200,6 +205,20 @@ def check_rdma(devices: list[str], granted: dict[str, int]) -> list[str]:
     return []
 
 
+def check_ports(ports: dict) -> list[str]:
+    """Each port this host cannot bind (a listener holds it: busy)."""
+    problems = []
+    for name, port in ports.items():
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("0.0.0.0", int(port)))
+            except OSError as exc:
+                why = "is busy" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc})"
+                problems.append(f"{name} port {port} {why}")
+    return problems
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -211,12 +230,13 @@ def main() -> None:
             "nproc": {"type": "int", "default": 0},
             "min_compute_capability": {"type": "str", "default": "7.5"},
             "cpus": {"type": "float", "default": 0.0},
+            "free_ports": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
     )
     p = module.params
     problems = check_names(p["peers"]) + check_shm(p["shm_mb"], p["ipc_host"])
-    problems += check_cpus(p["cpus"], len(os.sched_getaffinity(0)))
+    problems += check_cpus(p["cpus"], len(os.sched_getaffinity(0))) + check_ports(p["free_ports"])
     gpu_problems, gpus, found = check_gpus(
         module, p["gpus"], p["nproc"], p["min_compute_capability"]
     )
