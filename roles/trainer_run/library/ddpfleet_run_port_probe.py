@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import errno
 import selectors
-import socket
 import time
 from collections import Counter
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.ddpfleet_ports import bind
 
 DOCUMENTATION = r"""
 module: ddpfleet_run_port_probe
@@ -61,12 +60,8 @@ def main() -> None:
     p = module.params
     sel = selectors.DefaultSelector()
     for name, port in p["ports"].items():
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("0.0.0.0", int(port)))
-        except OSError as exc:
-            why = "is busy" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc})"
+        sock, why = bind(port)
+        if sock is None:
             module.fail_json(msg=f"{name} port {port} {why} on {p['host']}")
         sock.listen(64)
         sel.register(sock, selectors.EVENT_READ, name)

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.ddpfleet_gpuplan import parse_smi, plan
+from ansible.module_utils.ddpfleet_ports import bind
 
 DOCUMENTATION = r"""
 module: ddpfleet_run_preflight
@@ -209,13 +209,11 @@ def check_ports(ports: dict) -> list[str]:
     """Each port this host cannot bind (a listener holds it: busy)."""
     problems = []
     for name, port in ports.items():
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(("0.0.0.0", int(port)))
-            except OSError as exc:
-                why = "is busy" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc})"
-                problems.append(f"{name} port {port} {why}")
+        sock, why = bind(port)
+        if sock is None:
+            problems.append(f"{name} port {port} {why}")
+        else:
+            sock.close()
     return problems
 
 
