@@ -46,7 +46,6 @@ def test_slurmctld_runs_on_the_registry_host(
     host: Any,
     in_group: Callable[[str], bool],
     assert_service: Callable[[str], None],
-    inventory_vars: dict,
     ansible_var: Callable[[str], Any],
 ) -> None:
     if not in_group("registry"):
