@@ -165,9 +165,10 @@ class Shown:
         lines = restart_lines(self.run_id, p, self.restarts)
         self.restarts = max(self.restarts, len(p.get("attempts") or [None]) - 1)
         minute = int(p.get("elapsed_sec") or 0) // 60 if p.get("program") else None
-        if snap["line"] and (p.get("step"), p.get("hosts"), minute) != self.last:
+        now = (p.get("step"), p.get("hosts"), minute)
+        if snap["line"] and now != self.last:
             lines.append(snap["line"])
-            self.last = (p.get("step"), p.get("hosts"), minute)
+            self.last = now
         return lines
 
 

@@ -4,9 +4,9 @@
 #
 # The unit tier runs in two parts. Its tests that assert bounds in wall-clock seconds (marker
 # `wallclock`: the run agent's and the doctor's tests, a few trainer ones) run first, at full
-# priority, with lint beside them at the lowest priority. The others run beside the e2e tier, from the moment its first site.yml has
-# provisioned the sandbox and the no-op re-run (timed against a limit) has ended, at the
-# lowest priority (tools/low_priority.sh: nice 19 for their
+# priority, with lint beside them at the lowest priority. The others run beside the e2e tier,
+# from the moment its first site.yml has provisioned the sandbox and the no-op re-run (timed
+# against a limit) has ended, at the lowest priority (tools/low_priority.sh: nice 19 for their
 # session's autogroup too): after that step the e2e tier leaves ~29 % of two cores idle (its
 # runs wait on timeouts, SSH and the ranks' rendezvous; vmstat on the 2-core Xeon,
 # 2026-11-28), and the unit tests fill that time while the sandbox's nodes keep their share.
@@ -34,9 +34,9 @@ trap '[ "$lint" = 0 ] || kill -- -$lint 2>/dev/null; kill $(jobs -p) 2>/dev/null
 # Lint beside the wall-clock tests, at the lowest priority: those tests leave ~40 % of two
 # cores idle (287 s user + 36 s sys in 268 s; Xeon, 2026-11-29), and with lint beside they
 # took 253 s instead of 261, lint's 40 s gone from the critical path.
-setsid bash tools/low_priority.sh bash -c 'start=$(date +%s); rc=0; "$@" || rc=$?
-  echo "make test: tier lint (beside the wall-clock tests) took $(($(date +%s) - start)) s$([ "$rc" = 0 ] || echo ", FAILED (exit $rc)")"
-  exit "$rc"' lint "${make_[@]}" lint >"$scratch/lint.log" 2>&1 &
+export -f run  # for the bash of lint's own session
+setsid bash tools/low_priority.sh bash -c 'run "$@"' lint "tier lint (beside the wall-clock tests)" \
+  "${make_[@]}" lint >"$scratch/lint.log" 2>&1 &
 lint=$!
 unit_rc=0
 run "tier unit, its wall-clock tests" "${make_[@]}" unit UNIT_ARGS="-m wallclock" || unit_rc=$?
