@@ -164,6 +164,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
         Option("train_log_tail_lines", "int", 20, "Lines of the failing rank's log kept in summary.json's failure.", 0, 100_000),
         Option("train_straggler_ratio", "float", 0.9, "A rank below this fraction of the median img/s is flagged as a straggler in the report.", 0.0, 1.0),
     ),
+    *_section(
+        "Queueing runs through Slurm",
+        Option("train_scheduler", "str", "direct", "direct: train.yml starts the run's containers itself, on hosts that must be free. slurm: one sbatch job allocates every trainer exclusively and starts the same containers, with the same agent, once Slurm grants the hosts; a run waits in the queue while another holds them. Needs the Slurm cluster site.yml makes (slurm_enabled: true).", choices=("direct", "slurm")),
+        Option("train_partition", "str", "", "The Slurm partition of the run's job (train_scheduler=slurm); it must hold every trainer. Empty: slurm_partition, the one site.yml makes."),
+        Option("train_time_limit", "int", 0, "The Slurm job's time limit in minutes (train_scheduler=slurm; 0: the partition's). At the limit Slurm stops the run as stop.yml does (the ranks checkpoint) and no run container is left; train.yml resumes it.", 0, 366 * DAY // 60),
+    ),
 ]}
 # fmt: on
 

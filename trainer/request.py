@@ -6,7 +6,7 @@ tests/unit/test_run_validate.py calls them in-process.
 In order: run_id; train_* names that are not declared (a typo must not silently do nothing);
 each option's type, choices, range and finiteness (``trainer.options``, the one declaration);
 a --limit that leaves trainers out; the data source, node rank 0 and the ports;
-train_balance and each trainer's train_cpus; train_program and train_code_dir.
+train_balance and each trainer's train_cpus; train_program and train_code_dir; the scheduler.
 """
 
 from __future__ import annotations
@@ -217,6 +217,22 @@ def shrink_problem(values: Mapping, trainers: int) -> str:
     return ""
 
 
+def scheduler_problem(values: Mapping, slurm_enabled: object) -> str:
+    """train_scheduler=slurm needs the Slurm cluster site.yml makes; the job's own options
+    mean nothing to a direct run, which would silently run without them."""
+    if values["train_scheduler"] == "slurm":
+        if as_bool(slurm_enabled):
+            return ""
+        return (
+            "train_scheduler=slurm needs the Slurm cluster site.yml makes: set slurm_enabled: "
+            "true in the inventory and run site.yml"
+        )
+    for name in ("train_partition", "train_time_limit"):
+        if values[name] not in ("", 0, "0"):
+            return f"{name} applies to train_scheduler=slurm only (this run is direct)"
+    return ""
+
+
 def dump_problem(value: object) -> str:
     """status.yml/stop.yml's ``-e dump=...``: a boolean."""
     if isinstance(value, bool) or str(value).lower() in ("true", "false", "yes", "no", "1", "0"):
@@ -239,6 +255,7 @@ def first_problem(
         lambda: placement_problem(values, trainers, str(variables["shared_mount"])),
         lambda: "; ".join(hosts_problems(values, trainers, hostvars)),
         lambda: program_problem(str(values["train_program"]), str(values["train_code_dir"])),
+        lambda: scheduler_problem(values, variables.get("slurm_enabled", False)),
     )
     for check in checks:
         found = check()

@@ -219,6 +219,30 @@ def test_balance_with_a_user_program_is_refused():
     )
 
 
+@pytest.mark.parametrize(("values", "problem"), [
+    ({"train_scheduler": "slurm"}, "train_scheduler=slurm needs the Slurm cluster site.yml "
+     "makes: set slurm_enabled: true in the inventory and run site.yml"),
+    ({"train_scheduler": "slurm", "slurm_enabled": "false"}, "train_scheduler=slurm needs"),
+    ({"train_scheduler": "queue"}, "train_scheduler must be one of direct, slurm (got 'queue')"),
+    ({"train_time_limit": 30}, "train_time_limit applies to train_scheduler=slurm only"),
+    ({"train_partition": "gpu"}, "train_partition applies to train_scheduler=slurm only"),
+    ({"train_scheduler": "slurm", "slurm_enabled": True, "train_time_limit": -1},
+     "train_time_limit must be a whole number from 0 to 527040 (got -1)"),
+])  # fmt: skip
+def test_the_scheduler_options_are_checked(values, problem):
+    assert check(train_synthetic=True, **values).startswith(problem)
+
+
+@pytest.mark.parametrize("values", [
+    {},
+    {"train_time_limit": "0", "train_partition": ""},
+    {"train_scheduler": "slurm", "slurm_enabled": True, "train_time_limit": 90},
+    {"train_scheduler": "slurm", "slurm_enabled": "true", "train_partition": "gpu"},
+])  # fmt: skip
+def test_good_scheduler_options_pass(values):
+    assert check(train_synthetic=True, **values) == ""
+
+
 def test_validate_yml_fails_the_play_in_one_line_before_any_host_is_contacted():
     """The one playbook run: train.yml's first task is the plugin (the sample's hosts do not
     exist, so reaching any of them would say UNREACHABLE)."""

@@ -56,6 +56,11 @@ def test_sample_cluster_lists_every_trainer_with_its_cpus_memory_and_gpus() -> N
     assert plain["SlurmctldHost"] == "gpu1(10.0.0.11)"
     assert plain["AuthType"] == "auth/munge"
     assert plain["AccountingStorageType"] == "accounting_storage/none"
+    # a run stops with a checkpoint within train_stop_timeout (90) before SIGKILL; the epilog
+    # removes what a killed task left
+    assert plain["KillWait"] == "150"
+    assert plain["Epilog"] == "/usr/local/libexec/ddpfleet/ddpfleet-slurm-epilog"
+    assert (ROLE / "files" / "ddpfleet-slurm-epilog").is_file()
     nodes = [line for line in parsed if "NodeName" in line]
     assert nodes == [
         {"NodeName": name, "NodeHostname": name, "NodeAddr": ip, "CPUs": "64",
