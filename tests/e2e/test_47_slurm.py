@@ -140,6 +140,8 @@ def test_scancel_stops_the_run_and_leaves_no_container(cluster: Any, queued: dic
     assert summary(cluster, a)["status"] == "stopped"
     out = cluster.ssh(cluster.nodes[0], f"cat /var/lib/ddpfleet/runs/{a}/slurm-*.out").stdout
     assert f"SIGTERM from Slurm (job {queued['job_a']})" in out, out[-2000:]
+    # the cause, in slurmstepd's words ("... DUE TO TIME LIMIT" at the time limit)
+    assert re.search(rf"\*\*\* JOB {queued['job_a']} ON \S+ CANCELLED AT", out), out[-2000:]
     kept = cluster.ssh(cluster.nodes[0], f"ls {SHARED}/runs/{a}/checkpoints").stdout.split()
     assert kept, "the stopped run kept no checkpoint"
 
