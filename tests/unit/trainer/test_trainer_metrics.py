@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 import json
 import time
 from pathlib import Path
@@ -54,6 +56,7 @@ def test_a_pause_after_the_last_step_leaves_the_rate_as_it_was() -> None:
     assert 500 < before < 2100
 
 
+@pytest.mark.wallclock  # sleeps, and asserts their share of the interval's wall time
 def test_data_wait_fraction_is_the_interval_s_share_of_waiting() -> None:
     meter = Throughput(warmup=0)
     meter.interval()  # start an interval
