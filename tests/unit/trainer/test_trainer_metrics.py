@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-import pytest
-
 import json
 import time
 from pathlib import Path
+
+import pytest
 
 from trainer.metrics import MetricsLog, Throughput
 
