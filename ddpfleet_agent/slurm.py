@@ -9,8 +9,9 @@ from __future__ import annotations
 import shlex
 
 TASK = "/usr/local/libexec/ddpfleet/ddpfleet-slurm-task"
-# squeue's states of a job that holds, or waits for, its hosts
-ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
+# squeue's states of a job that waits for its hosts or is starting on them: with nothing of
+# its run recorded yet, the run counts as queued (state.yml)
+WAITING = ("PENDING", "CONFIGURING", "RUNNING", "REQUEUED", "RESIZING")
 
 
 def sbatch_argv(
@@ -49,3 +50,13 @@ def queue_position(pending: str, job: str) -> int:
     (highest priority first): 1 is next; 0 when it is not pending."""
     ids = pending.split()
     return ids.index(str(job)) + 1 if str(job) in ids else 0
+
+
+def queued(squeue_out: str, job: str) -> dict:
+    """What state.yml's one squeue call says of a run's job: its state on the first line, then
+    the pending jobs by priority. ``{job_state, queue_position}`` while the job waits for or
+    starts on its hosts, else ``{}`` (ended, or gone from squeue)."""
+    state, *pending = squeue_out.splitlines() or [""]
+    if state.strip() not in WAITING:
+        return {}
+    return {"job_state": state.strip(), "queue_position": queue_position("\n".join(pending), job)}

@@ -57,3 +57,17 @@ def test_no_job_id_is_an_error() -> None:
 def test_queue_position_counts_the_pending_jobs_ahead() -> None:
     pending = "40\n44\n42\n"
     assert [slurm.queue_position(pending, j) for j in ("40", "44", "42", "7")] == [1, 2, 3, 0]
+
+
+@pytest.mark.parametrize(
+    ("out", "view"),
+    [
+        ("PENDING\n40\n42\n", {"job_state": "PENDING", "queue_position": 2}),
+        ("RUNNING\n40\n", {"job_state": "RUNNING", "queue_position": 0}),
+        ("COMPLETING\n", {}),  # ending: its run's records tell how it went
+        ("\n40\n", {}),  # gone from squeue
+        ("", {}),
+    ],
+)
+def test_a_job_waiting_for_or_starting_on_its_hosts_is_queued(out: str, view: dict) -> None:
+    assert slurm.queued(out, "42") == view
