@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ddpfleet_agent import ddpfleet_heartbeat
@@ -161,14 +161,15 @@ class Throughput:
     validation of a 16-step epoch took 11 s of cuDNN autotuning for its shapes, which cut
     the run's figure from ~3,000 to 856 img/s although no training step was slower."""
 
-    def __init__(self, warmup: int):
+    def __init__(self, warmup: int, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock  # seconds; the tests pass their own
         self.warmup = warmup
         self.steps = 0
-        self.interval_start = time.perf_counter()
+        self.interval_start = clock()
         self.interval_images = 0
         self.interval_wait = 0.0
         self.wait_fraction = 0.0  # the last interval's share of time spent waiting for data
-        self.run_start: float | None = None if warmup else time.perf_counter()
+        self.run_start: float | None = None if warmup else self.clock()
         self.run_end = 0.0
         self.run_images = 0
 
@@ -178,18 +179,18 @@ class Throughput:
         self.interval_images += images
         if self.run_start is not None:
             self.run_images += images
-            self.run_end = time.perf_counter()
+            self.run_end = self.clock()
         elif self.steps >= self.warmup:
-            self.run_start = time.perf_counter()
+            self.run_start = self.clock()
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """Leave the time inside out of both rates."""
-        began = time.perf_counter()
+        began = self.clock()
         try:
             yield
         finally:
-            spent = time.perf_counter() - began
+            spent = self.clock() - began
             self.interval_start += spent
             if self.run_start is not None:  # both ends: a pause after the last step is no step
                 self.run_start += spent
@@ -201,7 +202,7 @@ class Throughput:
 
     def interval(self) -> float:
         """Images/s since the last call (resets the interval; sets ``wait_fraction``)."""
-        now = time.perf_counter()
+        now = self.clock()
         spent = max(now - self.interval_start, 1e-9)
         rate = self.interval_images / spent
         self.wait_fraction = min(self.interval_wait / spent, 1.0)

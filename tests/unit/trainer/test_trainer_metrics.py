@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -20,51 +19,66 @@ def test_resumed_metrics_drop_rows_after_the_checkpoint(tmp_path: Path) -> None:
     assert rows == [{"step": 1}, {"step": 2}]
 
 
+class Clock:
+    """A clock the test moves: the meter's arithmetic, exactly, at any CPU load."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def test_throughput_leaves_out_warmup_steps() -> None:
-    meter = Throughput(warmup=2)
+    clock = Clock()
+    meter = Throughput(warmup=2, clock=clock)
     meter.step(100)
-    time.sleep(0.2)  # a slow first step must not count
+    clock.sleep(0.2)  # a slow first step must not count
     meter.step(100)
     for _ in range(3):
-        time.sleep(0.01)
+        clock.sleep(0.01)
         meter.step(10)
-    assert meter.overall() > 300  # 30 images in ~0.03 s, not 230 in ~0.23 s
+    assert meter.overall() == pytest.approx(1000)  # 30 images in 0.03 s, not 230 in 0.23 s
 
 
 def test_throughput_leaves_out_paused_time() -> None:
-    meter = Throughput(warmup=1)
+    clock = Clock()
+    meter = Throughput(warmup=1, clock=clock)
     meter.step(100)  # warm-up: the timed part starts here
-    time.sleep(0.02)
+    clock.sleep(0.02)
     meter.step(100)
     with meter.paused():  # validation between epochs
-        time.sleep(0.3)
-    time.sleep(0.02)
+        clock.sleep(0.3)
+    clock.sleep(0.02)
     meter.step(100)
-    assert meter.overall() > 2000  # 200 images in ~0.04 s, not in ~0.34 s (~590 img/s)
-    assert meter.interval() > 2000
+    assert meter.overall() == pytest.approx(5000)  # 200 images in 0.04 s, not in 0.34 s
+    assert meter.interval() == pytest.approx(7500)  # 300 images in 0.04 s
 
 
 def test_a_pause_after_the_last_step_leaves_the_rate_as_it_was() -> None:
-    meter = Throughput(warmup=1)
+    clock = Clock()
+    meter = Throughput(warmup=1, clock=clock)
     meter.step(100)
-    time.sleep(0.05)
-    meter.step(100)  # 100 images in ~0.05 s
+    clock.sleep(0.05)
+    meter.step(100)  # 100 images in 0.05 s
     before = meter.overall()
     with meter.paused():  # the last validation, after the last step
-        time.sleep(0.1)
-    assert meter.overall() == before
-    assert 500 < before < 2100
+        clock.sleep(0.1)
+    assert meter.overall() == before == pytest.approx(2000)
 
 
-@pytest.mark.wallclock  # sleeps, and asserts their share of the interval's wall time
 def test_data_wait_fraction_is_the_interval_s_share_of_waiting() -> None:
-    meter = Throughput(warmup=0)
+    clock = Clock()
+    meter = Throughput(warmup=0, clock=clock)
     meter.interval()  # start an interval
-    time.sleep(0.1)
+    clock.sleep(0.1)
     meter.waited(0.05)  # half of it waiting for the loader
     meter.step(10)
     meter.interval()
-    assert 0.3 < meter.wait_fraction < 0.55
-    time.sleep(0.02)
+    assert meter.wait_fraction == pytest.approx(0.5)
+    clock.sleep(0.02)
     meter.interval()  # the next interval starts from nothing
     assert meter.wait_fraction == 0.0
