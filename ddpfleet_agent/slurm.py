@@ -60,3 +60,10 @@ def queued(squeue_out: str, job: str) -> dict:
     if state.strip() not in WAITING:
         return {}
     return {"job_state": state.strip(), "queue_position": queue_position("\n".join(pending), job)}
+
+
+def job_line(squeue_out: str, job: str) -> str:
+    """status.yml's line for the run's job from the same squeue call: its state (RUNNING;
+    CANCELLED, TIMEOUT or COMPLETED while slurmctld still lists an ended job, MinJobAge)."""
+    state = (squeue_out.splitlines() or [""])[0].strip()
+    return f"Slurm job {job}: {state or 'ended (slurmctld lists it no longer)'}"

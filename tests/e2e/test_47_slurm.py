@@ -77,10 +77,12 @@ def queued(cluster: Any) -> dict:
         time.sleep(0.5)
     stop_s = time.monotonic() - cancelled_at
     print(f"\nscancel -> no container of the run on any host: {stop_s:.1f} s")
+    a_status = run_site(cluster, "-e", f"run_id={a}", playbook="status.yml")
     followed = train(cluster, b, "-e", "train_max_steps=6")  # attaches: B was launched
     return {
         "a": a, "b": b, "job_a": job_a, "job_b": job_b, "place": place, "limit": limit,
         "status": status, "pending": pending, "a_containers": a_containers, "stop_s": stop_s,
+        "a_status": a_status,
         "followed": followed, "c": c, "job_c": job_c, "place_c": place_c, "withdrawn": withdrawn,
     }  # fmt: skip
 
@@ -144,6 +146,11 @@ def test_scancel_stops_the_run_and_leaves_no_container(cluster: Any, queued: dic
     assert re.search(rf"\*\*\* JOB {queued['job_a']} ON \S+ CANCELLED AT", out), out[-2000:]
     kept = cluster.ssh(cluster.nodes[0], f"ls {SHARED}/runs/{a}/checkpoints").stdout.split()
     assert kept, "the stopped run kept no checkpoint"
+    # status.yml: the run's records, and below their first line the job's end as Slurm has it
+    status = queued["a_status"]
+    assert status.rc == 0, status.tail()
+    assert f"run {a}: stopped" in status.stdout, status.tail()
+    assert f"Slurm job {queued['job_a']}: CANCELLED" in status.stdout, status.tail()
 
 
 def test_the_epilog_removes_a_container_its_job_left_behind(cluster: Any) -> None:

@@ -71,3 +71,17 @@ def test_queue_position_counts_the_pending_jobs_ahead() -> None:
 )
 def test_a_job_waiting_for_or_starting_on_its_hosts_is_queued(out: str, view: dict) -> None:
     assert slurm.queued(out, "42") == view
+
+
+@pytest.mark.parametrize(
+    ("out", "line"),
+    [
+        ("RUNNING\n40\n", "Slurm job 42: RUNNING"),
+        ("CANCELLED\n", "Slurm job 42: CANCELLED"),
+        ("TIMEOUT\n40\n", "Slurm job 42: TIMEOUT"),
+        ("\n40\n", "Slurm job 42: ended (slurmctld lists it no longer)"),
+        ("", "Slurm job 42: ended (slurmctld lists it no longer)"),
+    ],
+)
+def test_status_shows_the_job_s_state_or_that_it_ended(out: str, line: str) -> None:
+    assert slurm.job_line(out, "42") == line

@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # this checkout's trainer package
 from ddpfleet_agent.follow import fallback_report
-from ddpfleet_agent.slurm import job_id, queue_position, queued, sbatch_argv
+from ddpfleet_agent.slurm import job_id, job_line, queue_position, queued, sbatch_argv
 from trainer.config import command_args, command_options
 from trainer.options import as_bool
 
@@ -90,4 +90,5 @@ class FilterModule:
             "ddpfleet_slurm_job": job_id,
             "ddpfleet_queue_position": queue_position,
             "ddpfleet_slurm_queued": queued,
+            "ddpfleet_slurm_job_line": job_line,
         }
