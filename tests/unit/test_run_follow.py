@@ -15,6 +15,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+from fake_clock import Clock
 from plugin_loader import load_plugin, node_shell
 
 from ddpfleet_agent import follow as view
@@ -352,19 +353,6 @@ def test_status_lines():
 
 
 # --- the action, fed with fake reads -------------------------------------------------------
-
-
-class Clock:
-    """time.monotonic and time.sleep of the follow loop: sleeping advances the clock."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, sec: float) -> None:
-        self.now += sec
 
 
 def render(records: dict) -> str:
