@@ -52,18 +52,24 @@ def queue_position(pending: str, job: str) -> int:
     return ids.index(str(job)) + 1 if str(job) in ids else 0
 
 
-def queued(squeue_out: str, job: str) -> dict:
-    """What state.yml's one squeue call says of a run's job: its state on the first line, then
-    the pending jobs by priority. ``{job_state, queue_position}`` while the job waits for or
-    starts on its hosts, else ``{}`` (ended, or gone from squeue)."""
+def _job_state(squeue_out: str) -> tuple[str, str]:
+    """state.yml's one squeue call: (the job's state, "" when squeue lists it no longer; the
+    pending jobs by priority, one a line)."""
     state, *pending = squeue_out.splitlines() or [""]
-    if state.strip() not in WAITING:
+    return state.strip(), "\n".join(pending)
+
+
+def queued(squeue_out: str, job: str) -> dict:
+    """``{job_state, queue_position}`` while the run's job waits for or starts on its hosts,
+    else ``{}`` (ended, or gone from squeue)."""
+    state, pending = _job_state(squeue_out)
+    if state not in WAITING:
         return {}
-    return {"job_state": state.strip(), "queue_position": queue_position("\n".join(pending), job)}
+    return {"job_state": state, "queue_position": queue_position(pending, job)}
 
 
 def job_line(squeue_out: str, job: str) -> str:
-    """status.yml's line for the run's job from the same squeue call: its state (RUNNING;
-    CANCELLED, TIMEOUT or COMPLETED while slurmctld still lists an ended job, MinJobAge)."""
-    state = (squeue_out.splitlines() or [""])[0].strip()
+    """status.yml's line for the run's job: its state (RUNNING; CANCELLED, TIMEOUT or
+    COMPLETED while slurmctld still lists an ended job, MinJobAge)."""
+    state, _ = _job_state(squeue_out)
     return f"Slurm job {job}: {state or 'ended (slurmctld lists it no longer)'}"

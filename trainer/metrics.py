@@ -165,7 +165,7 @@ class Throughput:
         self.clock = clock  # seconds; the tests pass their own
         self.warmup = warmup
         self.steps = 0
-        self.interval_start = clock()
+        self.interval_start = self.clock()
         self.interval_images = 0
         self.interval_wait = 0.0
         self.wait_fraction = 0.0  # the last interval's share of time spent waiting for data
