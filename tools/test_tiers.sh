@@ -13,8 +13,13 @@
 # Not beside the first site.yml: there the cores are busy (17 % idle), and with the whole
 # unit tier beside it both ran far slower (tried 2026-11-26); beside the no-op re-run it
 # took 128.7 s instead of 117 (2026-11-29).
+#
+# Wall-clock bounds (tests/time_bounds.py) are twice as wide here as the strict figures that
+# `make unit` and `make e2e` check alone: CI's 2-core hosts ran the same tests 1.8-3.5 times
+# slower on some days than on others (2026-11-29). DDPFLEET_TEST_TIME_FACTOR overrides it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+export DDPFLEET_TEST_TIME_FACTOR=${DDPFLEET_TEST_TIME_FACTOR:-2}
 make_=(${MAKE:-make} --no-print-directory)
 
 # run NAME COMMAND...: run COMMAND, then say how long part NAME took and whether it failed.
@@ -55,8 +60,9 @@ echo "make test: the rest of the unit tier starts beside the e2e tier (at low pr
 unit_started=$(date +%s)
 # Starved there, a test's trainer may take many times its usual time (a 2-rank run took 517 s
 # for ~20 alone on the 2-core Xeon, 2026-11-29, and two guards of 240 s fired): the tests'
-# hang guards (tests/unit/trainer/trainer_helpers.py) are 5 times wider in this part.
-DDPFLEET_TEST_GUARD_FACTOR=5 setsid bash tools/low_priority.sh "${make_[@]}" unit \
+# hang guards (`within()`, tests/time_bounds.py) are 5 times wider in this part, which
+# asserts no wall-clock bound (those tests ran above).
+DDPFLEET_TEST_TIME_FACTOR=5 setsid bash tools/low_priority.sh "${make_[@]}" unit \
   UNIT_ARGS="-m 'not wallclock'" >"$scratch/unit.log" 2>&1 &
 unit=$!  # its session's id: not a job-control shell, so setsid needs no fork
 trap 'kill -- -$unit 2>/dev/null; kill $(jobs -p) 2>/dev/null; rm -rf "$scratch"' EXIT

@@ -34,6 +34,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from site_fixtures import PlaybookRun, parse_recap, run_site
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from time_bounds import within
 from train_fixtures import FAST, SHARED, STAMP, run_id
 
 TEARDOWN_LIMIT_S = 15
@@ -120,7 +121,7 @@ def wait_for(  # noqa: PLR0917 - a test helper: sandbox, run, process, then what
     timeout: float = 420,
 ) -> dict:
     """Wait until the run's progress reaches `step` (and `phase`, when given)."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + within(timeout)
     while True:
         now = progress(sandbox, rid)
         if now.get("step", -1) >= step and (phase is None or now.get("phase") == phase):
@@ -321,7 +322,7 @@ def killed(cluster: Any) -> dict:
         kill = cluster.ssh(victim, f"docker kill ddpfleet-{rid}-{victim.name}")
         killed_at = time.monotonic()
         assert kill.returncode == 0, kill.stderr
-        while containers(cluster, rid) and time.monotonic() - killed_at < 60:
+        while containers(cluster, rid) and time.monotonic() - killed_at < within(60):
             time.sleep(0.5)
         gone_s = time.monotonic() - killed_at
     finally:
@@ -334,7 +335,7 @@ def killed(cluster: Any) -> dict:
 def test_killed_rank_brings_every_container_down_within_15s_with_nobody_following(
     killed: dict,
 ) -> None:
-    assert killed["gone_s"] <= TEARDOWN_LIMIT_S
+    assert killed["gone_s"] <= within(TEARDOWN_LIMIT_S)
 
 
 def test_failure_names_the_host_and_rank(cluster: Any, killed: dict) -> None:
@@ -413,8 +414,8 @@ def test_rerun_of_a_failed_run_resumes_without_following_and_status_reports_it_l
     running = containers(cluster, rid)  # train.yml returned while the run goes on
     assert set(running) == {n.name for n in cluster.nodes}
     print(f"\ntrain.yml -e train_follow=false: {run.wall_s:.1f} s including preflight")
-    assert run.wall_s < 120
-    deadline = time.monotonic() + 300
+    assert run.wall_s < within(120)
+    deadline = time.monotonic() + within(300)
     while progress(cluster, rid).get("state") != "ended" or containers(cluster, rid):
         assert time.monotonic() < deadline, progress(cluster, rid)
         time.sleep(2)

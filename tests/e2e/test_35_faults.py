@@ -43,6 +43,7 @@ from test_30_train import (
     train,
     wait_for,
 )
+from time_bounds import within
 
 PEER_TIMEOUT = 10
 HB_TIMEOUT = 10
@@ -60,12 +61,12 @@ def launch(cluster: Any, rid: str, *args: str) -> None:
 
 def wait_gone(cluster: Any, rid: str, nodes: list[Any], limit: float) -> float:
     t0 = time.monotonic()
-    while time.monotonic() - t0 < limit + 45:
+    while time.monotonic() - t0 < within(limit + 45):
         left = {n: c for n, c in containers_on(cluster, rid, nodes).items() if c}
         if not left:
             return time.monotonic() - t0
         time.sleep(0.5)
-    pytest.fail(f"containers of {rid} still there after {limit + 45:.0f}s: {left}")
+    pytest.fail(f"containers of {rid} still there after {within(limit + 45):.0f}s: {left}")
 
 
 def containers_on(cluster: Any, rid: str, nodes: list[Any]) -> dict[str, list[str]]:
@@ -90,7 +91,7 @@ def drop_peers(cluster: Any, victim: Any, action: str) -> None:
 
 def wait_attempts(cluster: Any, rid: str, count: int, timeout: float = 120) -> list[dict]:
     """progress.json's attempts once the count-th start has trained its first step."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + within(timeout)
     while True:
         attempts = progress(cluster, rid).get("attempts") or []
         if len(attempts) >= count and attempts[count - 1].get("heal_sec") is not None:
@@ -140,7 +141,7 @@ def cut_off(cluster: Any) -> dict:
 
 
 def test_cut_off_node_is_left_out_within_peer_timeout_and_30_s(cut_off: dict) -> None:
-    assert cut_off["went_on"] <= PEER_TIMEOUT + 30
+    assert cut_off["went_on"] <= within(PEER_TIMEOUT + 30)
     data, victim = cut_off["summary"], cut_off["victim"].name
     first, shrunk = data["attempts"][:2]
     assert shrunk["cause"].startswith(f"run {cut_off['rid']} failed: host {victim} "), shrunk
@@ -270,7 +271,7 @@ def assert_dumped_within_bound(cluster: Any, rid: str, nodes: list[Any]) -> None
 
 
 def test_frozen_rank_teardown_within_heartbeat_timeout(frozen: dict) -> None:
-    assert frozen["gone_s"] <= HB_TIMEOUT + LIMIT
+    assert frozen["gone_s"] <= within(HB_TIMEOUT + LIMIT)
 
 
 def test_prometheus_labels_each_agent_with_its_own_run(

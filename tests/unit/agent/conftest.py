@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from time_bounds import within
 
 from ddpfleet_agent.ranks import descendants
 
@@ -180,6 +181,7 @@ class Cluster:
                                 text=True)  # fmt: skip
 
     def wait(self, timeout: float = 60) -> list[int]:
+        timeout = within(timeout)
         deadline = time.monotonic() + timeout
         codes = []
         for p in self.procs:
@@ -202,7 +204,7 @@ class Cluster:
 
     def heartbeat_ready(self, node: int, step: int = 1, timeout: float = 30) -> None:
         """Wait until the agent of `node` has published a step of its rank in progress."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + within(timeout)
         while time.monotonic() < deadline:
             log = self.run_dir / "nodes" / f"{self.hosts[node]}.log"
             if log.exists() and "node_rank" in log.read_text():
@@ -213,7 +215,7 @@ class Cluster:
 
     def rank_pid(self, node: int) -> int:
         """The fake rank process under node's agent (waits for it to have a heartbeat)."""
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + within(20)
         while time.monotonic() < deadline:
             for pid in descendants(self.procs[node].pid):
                 with contextlib.suppress(OSError):

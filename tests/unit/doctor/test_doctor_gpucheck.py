@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from time_bounds import within
 
 from ddpfleet_doctor import gpucheck, gpuplan
 
@@ -127,10 +128,10 @@ def test_a_frozen_rank_is_reported_as_a_hang_and_ended() -> None:
     its deadline and says the all-reduce hung, naming the ranks that never reported."""
     (problem,), took = _check_with_a_fault(1, signal.SIGSTOP, timeout=15)
     assert problem.startswith("cpu:0, 1 did not finish within 15 s, a hang: ")
-    assert 15 <= took < 40
+    assert 15 <= took < within(40)
 
 
 def test_a_killed_rank_is_named_with_its_signal_and_its_peer_ended() -> None:
     problems, took = _check_with_a_fault(0, signal.SIGKILL, timeout=60)
     assert problems == ["cpu:0: the rank died (signal SIGKILL)"]
-    assert took < 30  # not the 60 s deadline: its peer was ended at once
+    assert took < min(within(30), 50)  # not the 60 s deadline: its peer was ended at once

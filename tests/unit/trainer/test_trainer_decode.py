@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from trainer_helpers import guard, read_json, run_trainer, trainer_env
+from time_bounds import within
+from trainer_helpers import read_json, run_trainer, trainer_env
 
 import trainer.decode
 from trainer.config import TrainConfig
@@ -385,7 +386,7 @@ def test_gpu_decoding_batches_pass_between_processes_under_a_low_open_files_limi
         check=False,
         capture_output=True,
         text=True,
-        timeout=guard(60),  # before the fix the loader hung after its error
+        timeout=within(60),  # before the fix the loader hung after its error
     )
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert proc.stdout.split() == ["512"]
@@ -432,7 +433,7 @@ def test_a_run_through_the_gpu_input_pipeline_on_cpu_completes_and_skips_bad_fil
         env=trainer_env(),
         capture_output=True,
         text=True,
-        timeout=guard(240),
+        timeout=within(240),
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from time_bounds import within
 from trainer_helpers import (
     TINY,
     free_port,
-    guard,
     read_json,
     read_metrics,
     read_scalars,
@@ -131,7 +131,7 @@ def test_sigterm_checkpoints_marks_stopped_and_exits_143(tmp_path: Path) -> None
     wait_for_step(tmp_path / "heartbeat" / "rank-0.json", 2, proc, timeout=120)
     proc.send_signal(signal.SIGTERM)
     signalled = time.time()
-    assert proc.wait(timeout=guard(60)) == 143
+    assert proc.wait(timeout=within(60)) == 143
     assert time.time() - signalled < 15
     s = read_json(tmp_path / "summary.json")
     assert s["status"] == "stopped"
@@ -158,7 +158,7 @@ def test_sigterm_to_torchrun_with_loader_workers_stops_cleanly(
     )  # fmt: skip
     wait_for_step(tmp_path / "heartbeat" / "rank-1.json", 2, proc)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=guard(90))
+    _, err = proc.communicate(timeout=within(90))
     s = read_json(tmp_path / "summary.json")
     assert s["status"] == "stopped", err[-3000:]
     assert (tmp_path / "checkpoints" / f"step-{s['steps']:09d}.pt").is_file()
@@ -192,7 +192,7 @@ def test_hosts_signalled_one_after_another_stop_cleanly(tmp_path: Path) -> None:
     wait_for_step(tmp_path / "heartbeat" / "rank-1.json", 10**9, hosts[1], timeout=0.5)
     hosts[1].send_signal(signal.SIGTERM)
     for proc in hosts:
-        proc.wait(timeout=guard(90))
+        proc.wait(timeout=within(90))
     s = read_json(tmp_path / "summary.json")
     assert s["status"] == "stopped", s
     assert (tmp_path / "checkpoints" / f"step-{s['steps']:09d}.pt").is_file()

@@ -14,11 +14,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from time_bounds import within
 from torch import nn
 from trainer_helpers import (
     TINY,
     free_port,
-    guard,
     tiny_mlp,
     tiny_samples,
     trainer_cmd,
@@ -164,13 +164,13 @@ def test_a_run_goes_on_with_one_of_its_two_ranks_at_the_same_global_batch(tmp_pa
     are the two ranks' shares, so steps 4-6 redo the same maths: the same losses."""
     out = ["--output-dir", str(tmp_path)]
     two = subprocess.run(trainer_cmd([*ARGS, *out], nproc=2), env=trainer_env(), text=True,
-                         capture_output=True, timeout=guard(240), check=False)  # fmt: skip
+                         capture_output=True, timeout=within(240), check=False)  # fmt: skip
     assert two.returncode == 0, two.stderr[-2000:]
     before = _losses(tmp_path)
     (tmp_path / "checkpoints" / "step-000000006.pt").unlink()  # as if it failed after step 5
     env = trainer_env(**{FULL_WORLD_ENV: "2", KEPT_RANKS_ENV: "0", "DDPFLEET_RESTART": "1"})
     one = subprocess.run(trainer_cmd([*ARGS, *out], nproc=1), env=env, capture_output=True,
-                         text=True, timeout=guard(240), check=False)  # fmt: skip
+                         text=True, timeout=within(240), check=False)  # fmt: skip
     assert one.returncode == 0, one.stderr[-2000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["world_size"], summary["steps"], summary["resumed_from_step"]) == (1, 6, 3)

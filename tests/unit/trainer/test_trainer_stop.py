@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from time_bounds import within
 from trainer_helpers import (
     TINY,
-    guard,
     read_json,
     read_metrics,
     run_trainer,
@@ -106,7 +106,7 @@ def long_val_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def wait_for_phase(path: Path, phase: str, proc: subprocess.Popen, timeout: float = 180) -> dict:
-    deadline = time.time() + guard(timeout)
+    deadline = time.time() + within(timeout)
     while time.time() < deadline and proc.poll() is None:
         if path.exists() and (beat := read_json(path))["phase"] == phase:
             return beat
@@ -128,7 +128,7 @@ def test_sigterm_during_validation_checkpoints_at_once_and_resumes(
     )  # fmt: skip
     beat = wait_for_phase(beats / "rank-1.json", "validate", proc)
     os.kill(beat["pid"], signal.SIGTERM)  # one rank only: its peer stops on the agreement
-    _, err = proc.communicate(timeout=guard(120))
+    _, err = proc.communicate(timeout=within(120))
 
     s = read_json(out / "summary.json")
     assert (s["status"], s["steps"], s["final_accuracy"]) == ("stopped", 2, None), err[-3000:]

@@ -12,18 +12,13 @@ from pathlib import Path
 
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from time_bounds import within
 
 TINY = ["--image-size", "32", "--batch-size", "2", "--workers", "0", "--log-every", "1"]
-# How long a test waits for the trainer before it calls it hung: a guard, not a bound (tests
-# that assert seconds are marked `wallclock`). make test runs this tier's other tests beside
-# the e2e tier at the lowest priority, where a 2-rank run that takes ~20 s alone took 517 s
-# (2-core Xeon, 2026-11-29): tools/test_tiers.sh widens the guards there by this factor.
-GUARD_FACTOR = float(os.environ.get("DDPFLEET_TEST_GUARD_FACTOR", "1"))
-
-
-def guard(seconds: float) -> float:
-    """``seconds`` of waiting before a test calls the trainer hung, widened where starved."""
-    return seconds * GUARD_FACTOR
+# How long a test waits for the trainer before it calls it hung is a guard, `within(s)`
+# (tests/time_bounds.py): make test runs this tier's tests that assert no seconds beside the
+# e2e tier at the lowest priority, where a 2-rank run that takes ~20 s alone took 517 s
+# (2-core Xeon, 2026-11-29), and widens the guards 5 times there.
 
 
 def free_port() -> int:
@@ -55,7 +50,7 @@ def trainer_cmd(args: list[str], nproc: int = 1) -> list[str]:
 def run_trainer(args: list[str], nproc: int = 1, timeout: int = 240) -> subprocess.CompletedProcess:
     return subprocess.run(
         trainer_cmd(args, nproc), env=trainer_env(), capture_output=True, text=True,
-        timeout=guard(timeout), check=False,
+        timeout=within(timeout), check=False,
     )  # fmt: skip
 
 
@@ -77,7 +72,7 @@ def read_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
 
 def wait_for_step(heartbeat: Path, step: int, proc: subprocess.Popen, timeout: float = 180) -> None:
     """Until the rank's heartbeat file reports ``step`` (or the process ends, or time is up)."""
-    deadline = time.time() + guard(timeout)
+    deadline = time.time() + within(timeout)
     while time.time() < deadline and proc.poll() is None:
         if heartbeat.exists() and read_json(heartbeat)["step"] >= step:
             return
