@@ -15,10 +15,6 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from time_bounds import within
 
 TINY = ["--image-size", "32", "--batch-size", "2", "--workers", "0", "--log-every", "1"]
-# How long a test waits for the trainer before it calls it hung is a guard, `within(s)`
-# (tests/time_bounds.py): make test runs this tier's tests that assert no seconds beside the
-# e2e tier at the lowest priority, where a 2-rank run that takes ~20 s alone took 517 s
-# (2-core Xeon, 2026-11-29), and widens the guards 5 times there.
 
 
 def free_port() -> int:
