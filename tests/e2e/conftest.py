@@ -27,8 +27,10 @@ fixture fails, it never skips.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +52,15 @@ SSH_OPTIONS = [
     "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
     "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
 ]  # fmt: skip
+# One SSH connection per node, shared by the tests' commands (OpenSSH connection sharing): a
+# fresh connection (key exchange, PAM session, logind) took ~0.3 s and a core's share of it on
+# the 2-core host, and the tests poll their runs' records and containers every ~0.5 s. A
+# command that fails on the shared connection itself (exit 255: a node recreated or taken down
+# under it) is run again on a fresh one.
+MUX_DIR = Path(tempfile.mkdtemp(prefix="ddpfleet-e2e-ssh-"))
+SSH_SHARED = ["-o", "ControlMaster=auto", "-o", f"ControlPath={MUX_DIR}/%C",
+              "-o", "ControlPersist=60", "-o", "ServerAliveInterval=5"]  # fmt: skip
+SSH_FAILED = 255  # ssh's own error (connection, authentication), not the command's
 UP_TIMEOUT = 1800  # a cold build (debootstrap + wheelhouse) takes minutes on 2 cores
 
 
@@ -77,8 +88,15 @@ class Sandbox:
         self, node: SandboxNode | str, command: str, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
         target = self.node(node) if isinstance(node, str) else node
-        args = ["ssh", "-i", str(self.key), *SSH_OPTIONS, f"root@{target.ip}", command]
-        return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+        login = [*SSH_OPTIONS, f"root@{target.ip}", command]
+        for shared in (SSH_SHARED, []):
+            args = ["ssh", "-i", str(self.key), *shared, *login]
+            done = subprocess.run(
+                args, capture_output=True, text=True, timeout=timeout, check=False
+            )
+            if done.returncode != SSH_FAILED:
+                break
+        return done
 
     def playbook(self, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
         cmd = [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(self.inventory), *args]
@@ -142,6 +160,14 @@ def sandbox() -> Sandbox:
         subnet=str(settings.subnet),
         env=env,
     )
+
+
+def pytest_sessionfinish() -> None:
+    """Close the shared SSH connections (they would linger for ControlPersist) and their dir."""
+    for socket in MUX_DIR.iterdir():
+        subprocess.run(["ssh", "-o", f"ControlPath={socket}", "-O", "exit", "node"],
+                       capture_output=True, timeout=30, check=False)  # fmt: skip
+    shutil.rmtree(MUX_DIR, ignore_errors=True)
 
 
 # Where the tier's time goes, printed at its end (CI's output included): each module's wall

@@ -92,15 +92,24 @@ def live_bundle(sandbox: Any, rid: str, out: str) -> dict:
     return index
 
 
-def containers(sandbox: Any, rid: str) -> dict[str, list[str]]:
-    """Containers (any state) labelled with the run id, per node."""
+def containers(sandbox: Any, rid: str, nodes: list[Any] | None = None) -> dict[str, list[str]]:
+    """Containers (any state) labelled with the run id, per node (of `nodes`, default all) that
+    has any."""
     found = {}
-    for node in sandbox.nodes:
+    for node in nodes or sandbox.nodes:
         proc = sandbox.ssh(node, f"docker ps -aq --filter label=io.ddpfleet.run_id={rid}")
         assert proc.returncode == 0, proc.stderr
         if proc.stdout.split():
             found[node.name] = proc.stdout.split()
     return found
+
+
+def gone_after(sandbox: Any, rid: str, since: float, wait: float) -> float:
+    """Seconds from `since` (time.monotonic()) until no container of the run is left on any
+    node; polls for at most within(wait) seconds from `since`, then returns the time waited."""
+    while containers(sandbox, rid) and time.monotonic() - since < within(wait):
+        time.sleep(0.5)
+    return time.monotonic() - since
 
 
 def progress(sandbox: Any, rid: str) -> dict:
@@ -322,9 +331,7 @@ def killed(cluster: Any) -> dict:
         kill = cluster.ssh(victim, f"docker kill ddpfleet-{rid}-{victim.name}")
         killed_at = time.monotonic()
         assert kill.returncode == 0, kill.stderr
-        while containers(cluster, rid) and time.monotonic() - killed_at < within(60):
-            time.sleep(0.5)
-        gone_s = time.monotonic() - killed_at
+        gone_s = gone_after(cluster, rid, killed_at, 60)
     finally:
         if proc.poll() is None:
             proc.kill()

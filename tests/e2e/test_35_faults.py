@@ -35,6 +35,7 @@ from site_fixtures import run_site
 from test_30_train import (
     bundle,
     containers,
+    gone_after,
     progress,
     prometheus,
     run_file,
@@ -59,23 +60,13 @@ def launch(cluster: Any, rid: str, *args: str) -> None:
     wait_for(cluster, rid, None, step=3)
 
 
-def wait_gone(cluster: Any, rid: str, nodes: list[Any], limit: float) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < within(limit + 45):
-        left = {n: c for n, c in containers_on(cluster, rid, nodes).items() if c}
-        if not left:
-            return time.monotonic() - t0
-        time.sleep(0.5)
-    pytest.fail(f"containers of {rid} still there after {within(limit + 45):.0f}s: {left}")
-
-
-def containers_on(cluster: Any, rid: str, nodes: list[Any]) -> dict[str, list[str]]:
-    found = {}
-    for node in nodes:
-        proc = cluster.ssh(node, f"docker ps -aq --filter label=io.ddpfleet.run_id={rid}")
-        assert proc.returncode == 0, proc.stderr
-        found[node.name] = proc.stdout.split()
-    return found
+def wait_gone(cluster: Any, rid: str, limit: float) -> float:
+    """Seconds until no container of the run is left; fails after within(limit + 45)."""
+    took = gone_after(cluster, rid, time.monotonic(), limit + 45)
+    left = containers(cluster, rid)
+    if left:
+        pytest.fail(f"containers of {rid} still there after {took:.0f}s: {left}")
+    return took
 
 
 def drop_peers(cluster: Any, victim: Any, action: str) -> None:
@@ -116,7 +107,7 @@ def cut_off(cluster: Any) -> dict:
         wait_attempts(cluster, rid, 2, timeout=PEER_TIMEOUT + 30 + 60)
         went_on = time.time() - cut_at
         print(f"\nnode cut off -> the run trained on without it: {went_on:.1f} s")
-        waiting = containers_on(cluster, rid, [victim])[victim.name]
+        waiting = containers(cluster, rid, [victim]).get(victim.name, [])
     finally:
         drop_peers(cluster, victim, "-D")
     back = wait_attempts(cluster, rid, 3)[2]
@@ -129,7 +120,7 @@ def cut_off(cluster: Any) -> dict:
     shrunk = run_site(cluster, "-e", f"run_id={rid}", playbook="status.yml")
     again = train(cluster, rid, "-e", "train_follow=false")
     assert again.rc == 0, again.tail()
-    wait_gone(cluster, rid, cluster.nodes, 300)  # completed: every container ended
+    wait_gone(cluster, rid, 300)  # completed: every container ended
     data = summary(cluster, rid)
     steps = [(len(a["hosts"]), a["from_step"], a["to_step"]) for a in data["attempts"]]
     print(f"container launched again -> first step with it: {data['attempts'][-1]['heal_sec']} s"
@@ -238,7 +229,7 @@ def frozen(cluster: Any) -> dict:
     freeze = f"import os, signal; os.kill({pid}, signal.SIGSTOP)"  # the image has no kill(1)
     stop = cluster.ssh(victim, f"docker exec ddpfleet-{rid}-{victim.name} python -c '{freeze}'")
     assert stop.returncode == 0, stop.stderr
-    gone = wait_gone(cluster, rid, cluster.nodes, HB_TIMEOUT + LIMIT)
+    gone = wait_gone(cluster, rid, HB_TIMEOUT + LIMIT)
     print(f"\nrank frozen (SIGSTOP) -> every container gone: {gone:.1f} s")
     return {"rid": rid, "victim": victim, "gone_s": gone}
 
@@ -311,7 +302,7 @@ def healed(cluster: Any) -> dict:
     assert done.returncode == 0, done.stderr
     # rank 0's rows so far: the restart's trainer drops those after its checkpoint at its start
     before = [json.loads(line) for line in run_file(cluster, rid, "metrics.jsonl").splitlines()]
-    wait_gone(cluster, rid, cluster.nodes, 300)  # completed: every container ended
+    wait_gone(cluster, rid, 300)  # completed: every container ended
     data = summary(cluster, rid)
     heal = data["attempts"][1]["heal_sec"]
     print(f"\nrank killed -> first step of the restarted ranks: {heal} s")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_30_train import containers, run_file, run_id, summary, train, wait_for
+from test_30_train import containers, gone_after, run_file, run_id, summary, train, wait_for
 from time_bounds import within
 from train_fixtures import SHARED, STAMP
 
@@ -152,10 +152,7 @@ def killed(cluster: Any, code_dir: Path) -> dict:
     pid = json.loads(beat.stdout)["pid"]
     kill = cluster.ssh(victim, f"{box} python -c 'import os; os.kill({pid}, 9)'")  # no kill(1)
     assert kill.returncode == 0, kill.stderr
-    killed_at = time.monotonic()
-    while containers(cluster, rid) and time.monotonic() - killed_at < within(60):
-        time.sleep(0.5)
-    gone_s = time.monotonic() - killed_at
+    gone_s = gone_after(cluster, rid, time.monotonic(), 60)
     print(f"\nuser program's rank killed -> every container gone: {gone_s:.1f} s")
     return {"rid": rid, "victim": victim, "gone_s": gone_s, "seen": seen}
 

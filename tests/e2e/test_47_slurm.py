@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from site_fixtures import run_site
-from test_30_train import containers, progress, run_file, summary, train, wait_for
+from test_30_train import containers, gone_after, progress, run_file, summary, train, wait_for
 from time_bounds import within
 from train_fixtures import SHARED, STAMP, run_id
 
@@ -73,10 +73,7 @@ def queued(cluster: Any) -> dict:
     a_containers = containers(cluster, a)
     cancel = cluster.ssh(cluster.nodes[0], f"scancel {job_a}")
     assert cancel.returncode == 0, cancel.stderr
-    cancelled_at = time.monotonic()
-    while containers(cluster, a) and time.monotonic() - cancelled_at < within(STOP_LIMIT_S + 30):
-        time.sleep(0.5)
-    stop_s = time.monotonic() - cancelled_at
+    stop_s = gone_after(cluster, a, time.monotonic(), STOP_LIMIT_S + 30)
     print(f"\nscancel -> no container of the run on any host: {stop_s:.1f} s")
     a_status = run_site(cluster, "-e", f"run_id={a}", playbook="status.yml")
     followed = train(cluster, b, "-e", "train_max_steps=6")  # attaches: B was launched
