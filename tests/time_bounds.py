@@ -5,11 +5,9 @@ a guard after which a run counts as hung) writes ``within(15)``: the seconds tim
 ``DDPFLEET_TEST_TIME_FACTOR`` (default 1, the strict figure). make test sets the factor
 (tools/test_tiers.sh): CI's 2-core hosts ran the same tests 1.8 to 3.5 times slower on some
 days than on others (2026-11-29: the agent's wall-clock tests 249 s one morning, 457 s that
-afternoon), and a 2-rank trainer run beside the e2e tier at the lowest priority took 517 s,
-~25 times its time alone (there the hang guards are 5 times wider). A bound still fails a
-real regression: a teardown that waits for a 300 s timeout instead of acting at once, a
-rebuild of the image in a no-op site.yml. Lower bounds (``took > timeout``) are never
-widened."""
+afternoon). A bound still fails a real regression: a teardown that waits for a 300 s timeout
+instead of acting at once, a rebuild of the image in a no-op site.yml. Lower bounds
+(``took > timeout``) are never widened."""
 
 from __future__ import annotations
 

@@ -7,11 +7,9 @@ The lead imports this module's fixture into tests/e2e/conftest.py (which owns th
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -66,13 +64,6 @@ def run_site(sandbox: Any, *args: str, playbook: str = "site.yml") -> PlaybookRu
         wall_s=round(wall, 1),
         recap=parse_recap(proc.stdout),
     )
-
-
-def let_unit_tests_start() -> None:
-    """Tell make test (tools/test_tiers.sh) to start the rest of the unit tier beside this one:
-    test_20_site calls it once the first site.yml and its timed no-op re-run have ended."""
-    if flag := os.environ.get("DDPFLEET_E2E_PROVISIONED_FLAG"):
-        Path(flag).touch()
 
 
 # The first site.yml's slowest tasks (ansible.cfg's profile_tasks recap), for the tier's
