@@ -21,7 +21,8 @@ finally:
 from trainer.make_dataset import write_dataset  # noqa: E402
 
 # The run agent's and the doctor's tests drive timeouts of a few seconds (heartbeats, peers,
-# stalls, hangs): all of them count as `wallclock`, which make test never runs at low priority.
+# stalls, hangs): all of them count as `wallclock`, which make test runs apart from the rest of
+# the unit tier (its 2-rank trainer runs would take the cores those timeouts are measured on).
 WALLCLOCK_DIRS = ("agent", "doctor")
 
 
