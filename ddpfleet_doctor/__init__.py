@@ -12,8 +12,10 @@ The GPU check, one line, exit 0 when the host's GPUs can train (see ddpfleet_doc
     python -m ddpfleet_doctor.gpucheck --host node1 --gpus 8 --min-capability 7.5
 
 Modules: ``cli`` (the doctor's command line), one per check (``compute``, ``storage``,
-``network``), ``gpuhealth`` (nvidia-smi health, sampled by ``compute``), ``gpucheck`` and
-``gpuplan`` (the compute-capability floor; train.yml's preflight module imports the same file
-through roles/trainer_run/module_utils). The checks may import from ``trainer`` (``compute``
-trains its model); ``trainer`` and ``ddpfleet_agent`` import nothing from this package.
+``network``), ``gpuhealth`` (nvidia-smi health, sampled by ``compute``), ``gpucheck``,
+``gpuplan`` (the compute-capability floor) and ``hostcheck`` (names, ports, /dev/shm, the CPU
+quota, RDMA memlock): train.yml's preflight modules import these two files through
+roles/trainer_run/module_utils, on hosts without the packages. The checks may import from
+``trainer`` (``compute`` trains its model); ``trainer`` and ``ddpfleet_agent`` import nothing
+from this package.
 """

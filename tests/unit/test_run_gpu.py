@@ -12,6 +12,8 @@ import yaml
 from plugin_loader import load_plugin
 from test_run_modules import ansible_cfg, module  # noqa: F401 (ansible_cfg: autouse fixture)
 
+from ddpfleet_doctor import hostcheck
+
 ROOT = Path(__file__).resolve().parents[2]
 pre = load_plugin("ddpfleet_run_preflight", "roles/trainer_run/library/ddpfleet_run_preflight.py")
 filters = load_plugin(
@@ -60,17 +62,17 @@ def test_infiniband_devices_are_listed(tmp_path: Path) -> None:
     (tmp_path / "uverbs0").touch()
     (tmp_path / "rdma_cm").touch()
     (tmp_path / "by-path").mkdir()
-    assert pre.infiniband_devices(str(tmp_path)) == [
+    assert hostcheck.infiniband_devices(str(tmp_path)) == [
         str(tmp_path / "rdma_cm"),
         str(tmp_path / "uverbs0"),
     ]
-    assert pre.infiniband_devices(str(tmp_path / "absent")) == []
+    assert hostcheck.infiniband_devices(str(tmp_path / "absent")) == []
 
 
 def test_rdma_needs_unlimited_memlock() -> None:
-    assert pre.check_rdma(["/dev/infiniband/uverbs0"], {"memlock": -1}) == []
-    assert pre.check_rdma([], {"memlock": 65536}) == []
-    (problem,) = pre.check_rdma(["/dev/infiniband/uverbs0"], {"memlock": 65536})
+    assert hostcheck.check_rdma(["/dev/infiniband/uverbs0"], {"memlock": -1}) == []
+    assert hostcheck.check_rdma([], {"memlock": 65536}) == []
+    (problem,) = hostcheck.check_rdma(["/dev/infiniband/uverbs0"], {"memlock": 65536})
     assert problem.startswith("/dev/infiniband is present but the Docker engine caps memlock")
 
 

@@ -8,7 +8,7 @@ import time
 from collections import Counter
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.ddpfleet_ports import bind
+from ansible.module_utils.ddpfleet_hostcheck import bind
 
 DOCUMENTATION = r"""
 module: ddpfleet_run_port_probe

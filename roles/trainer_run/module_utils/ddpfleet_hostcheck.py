@@ -1,0 +1,1 @@
+../../../ddpfleet_doctor/hostcheck.py
