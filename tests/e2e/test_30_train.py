@@ -27,6 +27,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -679,42 +680,33 @@ def test_validation_longer_than_the_heartbeat_timeout_is_no_stall(
 
 
 # --- bad input: one line, nothing started -------------------------------------------------------
+# Each refusal is one train.yml of ~16 s, most of it Ansible's latency per task at a quarter of
+# the host's CPU, so the module's refusals run side by side (`refused`), each with its own
+# run_id and rendezvous port (the port probe and the metrics check bind ports on the hosts), and
+# each test reads its own run.
 
-
-@pytest.mark.parametrize(
-    ("name", "args", "message"),
-    [
-        ("unknown", ["-e", "train_bach_size=8"], "unknown train option(s) train_bach_size"),
-        (
-            "no-data",
-            ["-e", "train_synthetic=false", "-e", "train_data_dir=e2e-absent"],
-            f"data dir {SHARED}/datasets/e2e-absent is absent on shared storage",
-        ),
-        (
-            "no-image",
-            ["-e", "train_image=ddpfleet/absent:0"],
-            "image ddpfleet/absent:0 is not present",
-        ),
-    ],
-)
-def test_bad_input_is_refused_before_anything_starts(cluster: Any, name, args, message) -> None:
-    rid = run_id(name)
-    run = run_site(cluster, "-e", f"run_id={rid}", *args, playbook="train.yml")
-    assert run.rc != 0
-    assert message in run.stdout, run.tail()
-    assert "Start the run's container" not in run.stdout
-    assert containers(cluster, rid) == {}
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [([], "run_id is required"), (["-e", "run_id=bad/id"], 'invalid run_id "bad/id"')],
-)
-def test_missing_or_invalid_run_id_is_refused(cluster: Any, args, message) -> None:
-    run = run_site(cluster, *args, playbook="train.yml")
-    assert run.rc != 0
-    assert message in run.stdout, run.tail()
-    assert "Read the run's state" not in run.stdout
+BAD_INPUT = {  # name: (train.yml's extra arguments, the line it must print)
+    "unknown": (["-e", "train_bach_size=8"], "unknown train option(s) train_bach_size"),
+    "no-data": (
+        ["-e", "train_synthetic=false", "-e", "train_data_dir=e2e-absent"],
+        f"data dir {SHARED}/datasets/e2e-absent is absent on shared storage",
+    ),
+    "no-image": (["-e", "train_image=ddpfleet/absent:0"], "image ddpfleet/absent:0 is not present"),
+}
+RUN_ID_REFUSED = {  # name: (arguments without a valid run_id, the line it must print)
+    "missing": ([], "run_id is required"),
+    "invalid": (["-e", "run_id=bad/id"], 'invalid run_id "bad/id"'),
+}
+BUSY = {  # name: (node holding the port, option, port, the line it must print)
+    "busy0": (0, "train_master_port", 29570, "rendezvous port 29570 is busy on node1"),
+    "busy1": (
+        1,
+        "train_metrics_port",
+        29580,
+        "preflight failed on node2: metrics port 29580 is busy",
+    ),
+}
+OWN_MASTER_PORT = {"no-data": 29610, "no-image": 29620, "busy1": 29630}
 
 
 @contextlib.contextmanager
@@ -723,7 +715,7 @@ def port_held(cluster: Any, node: Any, port: int) -> Iterator[None]:
     holder = cluster.ssh(
         node,
         "nohup python3 -c 'import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,"
-        f' socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", {port})); s.listen(); time.sleep(60)\' '
+        f' socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", {port})); s.listen(); time.sleep(900)\' '
         ">/dev/null 2>&1 & echo $!",
     )
     assert holder.returncode == 0, holder.stderr
@@ -734,19 +726,51 @@ def port_held(cluster: Any, node: Any, port: int) -> Iterator[None]:
         cluster.ssh(node, f"kill {holder.stdout.strip()}")
 
 
-@pytest.mark.parametrize(
-    ("node", "option", "port", "message"),
-    [
-        (0, "train_master_port", 29555, "rendezvous port 29555 is busy on node1"),
-        (1, "train_metrics_port", 29556, "preflight failed on node2: metrics port 29556 is busy"),
-    ],
-)
-def test_a_busy_port_is_refused(
-    cluster: Any, node: int, option: str, port: int, message: str
-) -> None:
-    rid = run_id(f"busy{node}")
-    with port_held(cluster, cluster.nodes[node], port):
-        run = train(cluster, rid, "-e", f"{option}={port}")
+@pytest.fixture(scope="module")
+def refused(cluster: Any) -> dict[str, PlaybookRun]:
+    """Every refused train.yml of this module, run at once: {name: its run}."""
+    calls = {name: ("-e", f"run_id={run_id(name)}", *args) for name, (args, _) in BAD_INPUT.items()}
+    calls |= {name: tuple(args) for name, (args, _) in RUN_ID_REFUSED.items()}
+    calls |= {
+        name: ("-e", f"run_id={run_id(name)}", *FAST, "-e", f"{option}={port}")
+        for name, (_, option, port, _) in BUSY.items()
+    }
+    for name, port in OWN_MASTER_PORT.items():
+        calls[name] += ("-e", f"train_master_port={port}")
+    with contextlib.ExitStack() as held, ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        for node, _, port, _ in BUSY.values():
+            held.enter_context(port_held(cluster, cluster.nodes[node], port))
+        futures = {
+            name: pool.submit(run_site, cluster, *args, playbook="train.yml")
+            for name, args in calls.items()
+        }
+        runs = {name: future.result() for name, future in futures.items()}
+    print("\nrefused train.yml runs side by side: " + ", ".join(
+        f"{name} {run.wall_s:.0f} s" for name, run in runs.items()
+    ))  # fmt: skip
+    return runs
+
+
+@pytest.mark.parametrize("name", BAD_INPUT)
+def test_bad_input_is_refused_before_anything_starts(cluster: Any, refused, name: str) -> None:
+    run, message = refused[name], BAD_INPUT[name][1]
     assert run.rc != 0
     assert message in run.stdout, run.tail()
-    assert containers(cluster, rid) == {}
+    assert "Start the run's container" not in run.stdout
+    assert containers(cluster, run_id(name)) == {}
+
+
+@pytest.mark.parametrize("name", RUN_ID_REFUSED)
+def test_missing_or_invalid_run_id_is_refused(refused, name: str) -> None:
+    run, message = refused[name], RUN_ID_REFUSED[name][1]
+    assert run.rc != 0
+    assert message in run.stdout, run.tail()
+    assert "Read the run's state" not in run.stdout
+
+
+@pytest.mark.parametrize("name", BUSY)
+def test_a_busy_port_is_refused(cluster: Any, refused, name: str) -> None:
+    run, message = refused[name], BUSY[name][3]
+    assert run.rc != 0
+    assert message in run.stdout, run.tail()
+    assert containers(cluster, run_id(name)) == {}
