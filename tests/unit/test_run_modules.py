@@ -3,13 +3,17 @@ port probe and the host checks of preflight."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from time_bounds import within
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "trainer_run"
@@ -76,6 +80,36 @@ def test_port_probe_names_the_busy_port(which):
             expect_ok=False,
         )
     assert result["msg"] == f"{which} port {ports[which]} is busy on node1"
+
+
+@pytest.mark.wallclock
+def test_port_probe_with_a_busy_port_serves_the_free_one_and_refuses_at_once():
+    """The peers' wait for the free port ends when they connect, not at the timeout, so a busy
+    port's refusal comes in seconds (train.yml waits for the peers before it reads the probe)."""
+    with socket.socket() as busy, socket.socket() as free:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen(1)
+        free.bind(("127.0.0.1", 0))
+        ports = {"rendezvous": busy.getsockname()[1], "agent": free.getsockname()[1]}
+        free.close()
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            started = time.monotonic()
+            probe = pool.submit(
+                module,
+                "ddpfleet_run_port_probe",
+                {"host": "node1", "ports": ports, "expect": ["127.0.0.1"], "timeout": 60},
+                expect_ok=False,
+            )
+            served = False
+            while not probe.done() and not served:  # a peer, as wait_for: until it gets in
+                with contextlib.suppress(OSError):
+                    socket.create_connection(("127.0.0.1", ports["agent"]), timeout=1).close()
+                    served = True
+                time.sleep(0.1)
+            result = probe.result()
+    assert served, "the probe did not listen on the free port"
+    assert time.monotonic() - started < within(30)  # the module's start, not its 60 s
+    assert result["msg"] == f"rendezvous port {ports['rendezvous']} is busy on node1"
 
 
 def test_port_probe_names_the_ports_each_peer_missed():

@@ -14,8 +14,9 @@ DOCUMENTATION = r"""
 module: ddpfleet_run_port_probe
 short_description: Prove the run's ports are free on rank 0's host and reachable from peers
 description:
-- Binds every port (fails with one line when one is busy), accepts connections until each
-  C(expect) address connected to each port or C(timeout) passed, then closes them. Meant to
+- Binds every port, accepts connections on those it could bind until each C(expect) address
+  connected to each or C(timeout) passed, then closes them; fails with one line naming each
+  busy port. Meant to
   run with async while the peers connect with ansible.builtin.wait_for.
 options:
   host:
@@ -58,16 +59,19 @@ def main() -> None:
         supports_check_mode=False,
     )
     p = module.params
-    sel = selectors.DefaultSelector()
+    sel, busy = selectors.DefaultSelector(), []
     for name, port in p["ports"].items():
         sock, why = bind(port)
         if sock is None:
-            module.fail_json(msg=f"{name} port {port} {why} on {p['host']}")
+            busy.append(f"{name} port {port} {why} on {p['host']}")
+            continue
         sock.listen(64)
         sel.register(sock, selectors.EVENT_READ, name)
-    # Count connections per address: several hosts may share one (e.g. behind NAT).
+    # Count connections per address: several hosts may share one (e.g. behind NAT). A busy
+    # port's peers reach whoever holds it; the free ones are still served, so the peers' waits
+    # end at once and the refusal comes in seconds, not after the whole timeout.
     want = Counter(p["expect"])
-    connected = {name: Counter() for name in p["ports"]}
+    connected = {key.data: Counter() for key in sel.get_map().values()}
     deadline = time.time() + p["timeout"]
     while any(want - c for c in connected.values()) and time.time() < deadline:
         for key, _ in sel.select(timeout=max(0.1, deadline - time.time())):
@@ -76,6 +80,8 @@ def main() -> None:
             conn.close()
     for key in list(sel.get_map().values()):
         key.fileobj.close()
+    if busy:
+        module.fail_json(msg="; ".join(busy))
     missing: dict[str, list[str]] = {}
     for name, c in connected.items():
         for addr in sorted(want - c):
