@@ -14,7 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def load_plugin(name: str, relative_path: str) -> ModuleType:
     """Load ROOT/relative_path as module `name` (registered in sys.modules, as dataclasses need).
     The role's module_utils files are registered first as ``ansible.module_utils.<name>``, the
-    name its modules import them by."""
+    name its modules import them by. ``name`` must not be one of the repository's packages:
+    registered under it, the plugin would stand in for the package in every later import."""
+    if (ROOT / name / "__init__.py").is_file():
+        raise ValueError(f"load_plugin: {name} is a package of this repository; pick another name")
     folder = (ROOT / relative_path).parent
     utils = [] if folder.name == "module_utils" else sorted(folder.parent.glob("module_utils/*.py"))
     for util in utils:

@@ -13,7 +13,7 @@ from plugin_loader import load_plugin
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "doctor"
 PLUGINS = ROLE / "filter_plugins"
-doctor = load_plugin("ddpfleet_doctor", "roles/doctor/filter_plugins/ddpfleet_doctor.py")
+doctor = load_plugin("ddpfleet_doctor_filters", "roles/doctor/filter_plugins/ddpfleet_doctor.py")
 output = load_plugin(
     "ddpfleet_doctor_output", "roles/doctor/filter_plugins/ddpfleet_doctor_output.py"
 )
@@ -315,7 +315,7 @@ def test_table_lists_each_gpu_with_its_health():
 def test_each_plugin_file_stands_alone_and_the_tasks_filters_are_each_defined_once():
     """Ansible loads every file in filter_plugins/ as a plugin of its own: each has its
     FilterModule, and the filters the tasks use are all there, none twice."""
-    loaded = {module.__name__: module for module in (doctor, output, table)}
+    loaded = {Path(module.__file__).stem: module for module in (doctor, output, table)}
     assert {f.stem for f in PLUGINS.glob("*.py")} == set(loaded)
     names = [name for module in loaded.values() for name in module.FilterModule().filters()]
     assert len(names) == len(set(names))
