@@ -729,10 +729,10 @@ def port_held(cluster: Any, node: Any, port: int) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def refused(cluster: Any) -> dict[str, PlaybookRun]:
     """Every refused train.yml of this module, run at once: {name: its run}."""
-    calls = {name: ("-e", f"run_id={run_id(name)}", *args) for name, (args, _) in BAD_INPUT.items()}
-    calls |= {name: tuple(args) for name, (args, _) in RUN_ID_REFUSED.items()}
+    calls = {name: (run_id(name), *args) for name, (args, _) in BAD_INPUT.items()}
+    calls |= {name: (None, *args) for name, (args, _) in RUN_ID_REFUSED.items()}
     calls |= {
-        name: ("-e", f"run_id={run_id(name)}", *FAST, "-e", f"{option}={port}")
+        name: (run_id(name), "-e", f"{option}={port}")
         for name, (_, option, port, _) in BUSY.items()
     }
     for name, port in OWN_MASTER_PORT.items():
@@ -740,10 +740,7 @@ def refused(cluster: Any) -> dict[str, PlaybookRun]:
     with contextlib.ExitStack() as held, ThreadPoolExecutor(max_workers=len(calls)) as pool:
         for node, _, port, _ in BUSY.values():
             held.enter_context(port_held(cluster, cluster.nodes[node], port))
-        futures = {
-            name: pool.submit(run_site, cluster, *args, playbook="train.yml")
-            for name, args in calls.items()
-        }
+        futures = {name: pool.submit(train, cluster, *args) for name, args in calls.items()}
         runs = {name: future.result() for name, future in futures.items()}
     print("\nrefused train.yml runs side by side: " + ", ".join(
         f"{name} {run.wall_s:.0f} s" for name, run in runs.items()
