@@ -329,6 +329,30 @@ def test_image_build_lock_is_released_when_the_build_fails(
     assert sandbox.ssh(sandbox.nodes[0], f"test -e {IMAGE_LOCK}").returncode != 0
 
 
+def test_a_build_that_fails_in_the_background_fails_the_run_and_releases_the_lock(
+    provisioned: PlaybookRun, sandbox: Any
+) -> None:
+    """The build starts in its own play and fails there in the background: on a base with no
+    shell (the registry's smoke-test image, FROM scratch) its first RUN step cannot start. The
+    last play's wait names the failure, and the lock and the wheelhouse server are gone."""
+    first = sandbox.nodes[0]
+    state = sandbox.ssh(first, "cat /etc/ddpfleet/trainer_image").stdout
+    run = run_site(
+        sandbox, "--tags", "trainer_image",
+        "-e", f"trainer_image_base={first.ip}:5000/ddpfleet/smoke:1",
+        "-e", "trainer_image_base_archive=",
+    )  # fmt: skip
+    assert run.rc != 0
+    assert "Start the image build in the background" in run.stdout, run.tail()
+    failed = run.stdout.split("TASK [trainer_image : Wait for the image build", 1)[-1]
+    assert "fatal: [" in failed.split("TASK [", 1)[0], run.tail()  # the wait failed, naming it
+    assert sandbox.ssh(first, f"test -e {IMAGE_LOCK}").returncode != 0
+    server = sandbox.ssh(first, "systemctl is-active ddpfleet-wheelhouse.service").stdout.strip()
+    assert server != "active", server
+    # the trainers keep the image they had: nothing was pushed or recorded
+    assert sandbox.ssh(first, "cat /etc/ddpfleet/trainer_image").stdout == state
+
+
 def test_two_site_runs_at_once_both_succeed_and_leave_no_lock(
     provisioned: PlaybookRun, sandbox: Any
 ) -> None:
