@@ -344,7 +344,9 @@ def test_a_build_that_fails_in_the_background_fails_the_run_and_releases_the_loc
     )  # fmt: skip
     assert run.rc != 0
     assert "Start the image build in the background" in run.stdout, run.tail()
-    failed = run.stdout.split("TASK [trainer_image : Wait for the image build", 1)[-1]
+    wait = "TASK [trainer_image : Wait for the image build"
+    assert wait in run.stdout, run.tail()
+    failed = run.stdout.split(wait, 1)[1]
     assert "fatal: [" in failed.split("TASK [", 1)[0], run.tail()  # the wait failed, naming it
     assert sandbox.ssh(first, f"test -e {IMAGE_LOCK}").returncode != 0
     server = sandbox.ssh(first, "systemctl is-active ddpfleet-wheelhouse.service").stdout.strip()
