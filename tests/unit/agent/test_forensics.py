@@ -122,6 +122,11 @@ def test_a_stopped_rank_is_dumped_and_named(gloo_run):
     rank = forensics.rank_of(pid)
     os.kill(pid, signal.SIGSTOP)
     try:
+        # SIGSTOP takes effect asynchronously: on a busy 2-core host /proc still read R right
+        # after the kill (CI, 2026-11-30). The rank under test is one that is stopped.
+        deadline = time.monotonic() + 10
+        while forensics.proc_state(pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
         got = collect(gloo_run["pids"], "h0", "")
     finally:
         os.kill(pid, signal.SIGCONT)
