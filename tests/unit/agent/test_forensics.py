@@ -123,7 +123,8 @@ def test_a_stopped_rank_is_dumped_and_named(gloo_run):
     os.kill(pid, signal.SIGSTOP)
     try:
         # SIGSTOP takes effect asynchronously: on a busy 2-core host /proc still read R right
-        # after the kill (CI, 2026-11-30). The rank under test is one that is stopped.
+        # after the kill (a fresh-clone rehearsal of .ci/run, 2026-11-30). The rank under test
+        # is one that is stopped.
         deadline = time.monotonic() + 10
         while forensics.proc_state(pid) != "T" and time.monotonic() < deadline:
             time.sleep(0.01)
