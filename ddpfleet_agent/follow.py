@@ -16,30 +16,34 @@ import json
 import shlex
 from pathlib import Path
 
+from ddpfleet_agent.reader import ENDED
 from ddpfleet_agent.records import cause_line
 from ddpfleet_agent.report import restarts
 
 MARK = "@@ddpfleet-file@@"
-ENDED = ("completed", "failed", "stopped")
+TEXT = ("report.txt",)  # records that are not JSON: parse keeps them as {"text": ...}
 READER = (Path(__file__).resolve().parent / "reader.py").read_text()
 
 
-# A read of the run directory that takes longer has met a shared storage that is gone (a hard
-# NFS mount blocks): timeout(1) ends it with exit code 124.
+# A read of the run directory that takes longer (beyond the wait it was asked for) has met a
+# shared storage that is gone (a hard NFS mount blocks): timeout(1) ends it with exit code 124.
 READ_TIMEOUT = 60
 
 
-def read_command(run_dir: str, uid: int, gid: int) -> str:
-    """One read-only command: each record that exists, behind a marker line."""
-    args = [run_dir, str(uid), str(gid), MARK]
-    return f"timeout -k 5 {READ_TIMEOUT} python3 -c {shlex.quote(READER)} " + " ".join(
+def read_command(run_dir: str, uid: int, gid: int, wait: float = 0.0) -> str:
+    """One read-only command: each record that exists, behind a marker line, once progress.json
+    says the run ended or after ``wait`` seconds (reader.py re-reads it meanwhile)."""
+    args = [run_dir, str(uid), str(gid), MARK, f"{wait:g}"]
+    return f"timeout -k 5 {READ_TIMEOUT + wait:g} python3 -c {shlex.quote(READER)} " + " ".join(
         shlex.quote(a) for a in args
     )
 
 
 def read_error(res: dict) -> str:
     """Why a read_command failed, from its result (rc, stdout, stderr): the reader's one line
-    (in stdout where become gives a tty), or timeout(1)'s end of a read that did not answer."""
+    (in stdout where become gives a tty), or timeout(1)'s end of a read that did not answer
+    (one that waited too: its reads of progress.json are a tick apart, so the one that hung
+    went unanswered for READ_TIMEOUT s at least)."""
     if res.get("rc") in (124, 137):
         return f"no answer within {READ_TIMEOUT} s: is the shared storage gone?"
     said = (res.get("stderr") or res.get("stdout") or "").strip().splitlines()
@@ -70,21 +74,28 @@ def fallback_report(slurped: list[dict], run_id: str, error: str) -> list[str]:
 
 
 def parse(out: str) -> dict[str, dict]:
-    """{relative path: JSON object} from read_command's output ({} for a torn file)."""
+    """{relative path: JSON object} from read_command's output ({} for a torn file; TEXT's as
+    {"text": the file's text})."""
     files = {}
     for chunk in out.split(MARK + " ")[1:]:
         name, _, body = chunk.partition("\n")
+        name = name.strip()
+        if name in TEXT:
+            files[name] = {"text": body.removesuffix("\n")}  # less the newline reader.py adds
+            continue
         try:
             data = json.loads(body)
         except ValueError:
             data = {}
-        files[name.strip()] = data if isinstance(data, dict) else {}
+        files[name] = data if isinstance(data, dict) else {}
     return files
 
 
 def snapshot(files: dict, run_id: str, hosts: list[str], attempt: str) -> dict:
     """The records of one attempt (config.json's when attempt is empty), its progress line and
-    its outcome: progress.json's status once it says the run ended, else None."""
+    its outcome: progress.json's status once it says the run ended, else None. report (text)
+    and plot (report.png there) are the run's last completed attempt's: only a completed
+    attempt writes them, and none starts after it (the files name no attempt)."""
     config, summary = files.get("config.json", {}), files.get("summary.json", {})
     attempt = attempt or str(config.get("attempt", ""))
     exits = {h: files.get(f"nodes/{h}.exit") or {} for h in hosts}
@@ -101,6 +112,8 @@ def snapshot(files: dict, run_id: str, hosts: list[str], attempt: str) -> dict:
         "line": progress_line(run_id, progress, hosts) if progress else "",
         "links": list(files.get("links", {}).get("links") or []),
         "checkpoints": list(files.get("checkpoints", {}).get("checkpoints") or []),
+        "report": files.get("report.txt", {}).get("text"),
+        "plot": "report.png" in (files.get("present", {}).get("present") or []),
     }
 
 

@@ -1,11 +1,17 @@
 """Read a run's records on a node, for the controller (``ddpfleet_agent.follow``).
 
-Not imported: the follow plugin runs this file's text with the node's own python3 (``python3
--c``, as root through become), so it uses the standard library only. It drops to the storage
-owner's uid and gid with no supplementary groups (what the ranks themselves may read), then
-prints config.json, summary.json, progress.json and nodes/*.exit, each behind a marker line,
-without following a link (a container may plant one: nodes/x.exit -> /etc/shadow), regular
-files only, at most 1 MiB each. Arguments: run_dir uid gid marker.
+The follow plugin runs this file's text with the node's own python3 (``python3 -c``, as root
+through become), so it uses the standard library only (follow.py imports its ENDED, nothing
+else). It drops to the storage owner's uid and gid with no supplementary groups (what the ranks
+themselves may read), then prints config.json, summary.json, progress.json, report.txt and
+nodes/*.exit, each behind a marker line, without following a link (a container may plant one:
+nodes/x.exit -> /etc/shadow), regular files only, at most 1 MiB each. Arguments: run_dir uid
+gid marker [wait].
+
+wait (seconds, default 0): first re-read progress.json every ``TICK`` s until its status says
+the run ended or wait has passed, so that train.yml's follow learns of the end within a tick
+of it, with no more commands than a poll every wait seconds; the records printed then,
+report.txt included, are the follow's last read. A missing run directory answers at once.
 
 It also names every link among what ddpfleet itself writes or reads there (``WATCHED``, and
 anything under nodes/ and lib/), as a record ``links`` ({"links": [...]}, only when there is
@@ -14,7 +20,8 @@ run's container planted (nodes -> /etc, lib/x.py -> another run's file).
 
 And the names of the run's checkpoints (``checkpoints/step-<9 digits>.pt``, the trainer's
 names), as a record ``checkpoints`` (only when there is one): train.yml refuses
-``train_resume=never`` on them before anything starts.
+``train_resume=never`` on them before anything starts. And a record ``present``
+({"present": ["report.png"]}) when report.png is a regular file (its content is not read).
 """
 
 import json
@@ -22,6 +29,7 @@ import os
 import re
 import stat
 import sys
+import time
 
 NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
 WATCHED = ("config.json", "summary.json", "progress.json", "metrics.jsonl", "report.txt",
@@ -29,6 +37,8 @@ WATCHED = ("config.json", "summary.json", "progress.json", "metrics.jsonl", "rep
 WALKED = ("nodes", "lib")  # every entry below these, to this depth
 DEPTH = 6
 CHECKPOINT = re.compile(r"step-\d{9}\.pt")  # trainer.checkpoint.NAME
+ENDED = ("completed", "failed", "stopped")  # progress.json's status words of an ended run
+TICK = 0.25  # s between reads of progress.json while waiting: 4 small reads a second
 
 
 def opendir(name, parent=None):
@@ -38,14 +48,42 @@ def opendir(name, parent=None):
         return None
 
 
-def emit(out, mark, shown, parent, name):
+def regular(parent, name):
+    """The first MiB of the regular file ``name`` in ``parent`` (an fd), else None."""
     try:
         fd = os.open(name, NOFOLLOW, dir_fd=parent)
     except OSError:
-        return
+        return None
     with os.fdopen(fd, "rb") as fh:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            out.write(f"{mark} {shown}\n".encode() + fh.read(1 << 20) + b"\n")
+        return fh.read(1 << 20) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+
+
+def emit(out, mark, shown, parent, name):
+    body = regular(parent, name)
+    if body is not None:
+        out.write(f"{mark} {shown}\n".encode() + body + b"\n")
+
+
+def record(out, mark, name, values):
+    """A record of names the reader found (links, checkpoints...), only when there is one."""
+    if values:
+        out.write(f"{mark} {name}\n{json.dumps({name: values})}\n".encode())
+
+
+def ended(top):
+    """Whether progress.json says the run ended (any attempt's: the follower checks which, and
+    sleeps out its poll when it was not the one it follows). A torn file has not."""
+    try:
+        rec = json.loads(regular(top, "progress.json") or b"")
+    except ValueError:  # torn, partial or not UTF-8
+        return False
+    return isinstance(rec, dict) and rec.get("status") in ENDED
+
+
+def wait_for_end(top, wait):
+    deadline = time.monotonic() + wait
+    while not ended(top) and time.monotonic() < deadline:
+        time.sleep(max(0.0, min(TICK, deadline - time.monotonic())))
 
 
 def links_below(parent, prefix, depth):
@@ -81,7 +119,7 @@ def planted_links(top):
     return found
 
 
-def main(run_dir, uid, gid, mark):
+def main(run_dir, uid, gid, mark, wait=0.0):
     if os.getuid() != 0:
         sys.exit(
             "needs root on the node to act as the storage's owner: log in as root, or as a "
@@ -97,22 +135,25 @@ def main(run_dir, uid, gid, mark):
         return  # no such run
     except OSError as exc:  # unreadable: an error, not an absent run
         sys.exit(exc.strerror)  # the follow action says what could not be read
-    for name in ("config.json", "summary.json", "progress.json"):
+    if wait > 0:
+        wait_for_end(top, wait)
+    for name in ("config.json", "summary.json", "progress.json", "report.txt"):
         emit(out, mark, name, top, name)
     nodes = opendir("nodes", top)
     for name in sorted(os.listdir(nodes)) if nodes is not None else []:
         if name.endswith(".exit"):
             emit(out, mark, "nodes/" + name, nodes, name)
-    links = planted_links(top)
-    if links:
-        out.write(f"{mark} links\n{json.dumps({'links': links})}\n".encode())
+    record(out, mark, "links", planted_links(top))
     kept = opendir("checkpoints", top)
-    names = (
-        sorted(n for n in os.listdir(kept) if CHECKPOINT.fullmatch(n)) if kept is not None else []
-    )
-    if names:
-        out.write(f"{mark} checkpoints\n{json.dumps({'checkpoints': names})}\n".encode())
+    names = os.listdir(kept) if kept is not None else []
+    record(out, mark, "checkpoints", sorted(n for n in names if CHECKPOINT.fullmatch(n)))
+    try:
+        plot = stat.S_ISREG(os.lstat("report.png", dir_fd=top).st_mode)
+    except OSError:
+        plot = False
+    record(out, mark, "present", ["report.png"] if plot else [])
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    wait = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], wait)

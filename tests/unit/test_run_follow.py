@@ -1,7 +1,8 @@
 """ddpfleet_agent/follow.py and its plugin, roles/trainer_run/action_plugins/ddpfleet_run_follow.py:
-the read command (ddpfleet_agent/reader.py, run for real with /bin/sh on a run directory),
-parsing, outcomes (progress.json's status word, which the agents write: tests/unit/agent), the
-progress and status lines, and the follow loop fed with fake command results."""
+the read command (ddpfleet_agent/reader.py, run for real with /bin/sh on a run directory,
+its wait for the end included), parsing, outcomes (progress.json's status word, which the
+agents write: tests/unit/agent), the progress and status lines, and the follow loop fed with
+fake command results."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
@@ -17,6 +20,7 @@ from unittest import mock
 import pytest
 from fake_clock import Clock
 from plugin_loader import load_plugin, node_shell
+from time_bounds import within
 
 from ddpfleet_agent import follow as view
 
@@ -82,10 +86,17 @@ def open_dir() -> Iterator[Path]:
     shutil.rmtree(path)
 
 
-def read(run_dir: Path, uid: int = NOBODY, gid: int = NOBODY) -> dict:
-    cmd = view.read_command(str(run_dir), uid, gid)
+def read(run_dir: Path, uid: int = NOBODY, gid: int = NOBODY, wait: float = 0.0) -> dict:
+    cmd = view.read_command(str(run_dir), uid, gid, wait)
     proc = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, check=True)
     return view.parse(proc.stdout)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """As the agents write their records: a temp file, then os.replace."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def test_read_command_prints_every_record_and_parse_reads_them_back(open_dir: Path):
@@ -141,10 +152,82 @@ def test_the_read_names_the_run_s_checkpoints_for_train_resume_never(open_dir: P
     ]
 
 
-def test_read_command_of_a_missing_run_dir_prints_nothing(open_dir: Path):
-    cmd = view.read_command(str(open_dir / "absent"), NOBODY, NOBODY)
+def test_the_read_takes_report_txt_and_notes_report_png(open_dir: Path):
+    """The follow's last read carries the report: report.txt's text, and whether report.png is
+    there (its path is shown, not its bytes)."""
+    run_dir = open_dir / "run"
+    run_dir.mkdir()
+    assert "present" not in read(run_dir)
+    (run_dir / "report.txt").write_text("rank  img/s\n0     55.2\n")
+    (run_dir / "report.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    files = read(run_dir)
+    assert files == {"report.txt": {"text": "rank  img/s\n0     55.2\n"},
+                     "present": {"present": ["report.png"]}}  # fmt: skip
+    s = view.snapshot(files, "r", HOSTS, "")
+    assert (s["report"], s["plot"]) == ("rank  img/s\n0     55.2\n", True)
+    s = view.snapshot({}, "r", HOSTS, "")
+    assert (s["report"], s["plot"]) == (None, False)
+
+
+def test_a_report_that_is_a_link_is_named_and_not_followed(open_dir: Path):
+    (open_dir / "theirs.txt").write_text("not the run's report\n")
+    run_dir = open_dir / "run"
+    run_dir.mkdir()
+    (run_dir / "report.txt").symlink_to(open_dir / "theirs.txt")
+    (run_dir / "report.png").symlink_to(open_dir / "theirs.txt")
+    assert read(run_dir) == {"links": {"links": ["report.txt", "report.png"]}}
+
+
+@pytest.mark.wallclock
+def test_a_read_that_waits_answers_soon_after_progress_json_says_the_run_ended(open_dir: Path):
+    """train.yml's follow sees the end within a tick of it, not up to a poll later: the read
+    re-reads progress.json on the node (a torn one meanwhile is not an end), then prints every
+    record as a read without wait does."""
+    run_dir = open_dir / "run"
+    run_dir.mkdir()
+    (run_dir / "progress.json").write_text('{"status": "comp')  # torn while written
+    ending = threading.Timer(0.5, write_atomic, (run_dir / "progress.json",
+                                                 json.dumps(ended("completed"))))  # fmt: skip
+    started = time.monotonic()
+    ending.start()
+    try:
+        files = read(run_dir, wait=20)
+    finally:
+        ending.cancel()
+    took = time.monotonic() - started
+    assert files == {"progress.json": ended("completed")}
+    assert 0.5 <= took < within(2.5), took
+
+
+@pytest.mark.wallclock
+def test_a_read_that_waits_on_a_run_that_goes_on_answers_after_the_wait(open_dir: Path):
+    run_dir = open_dir / "run"
+    run_dir.mkdir()
+    (run_dir / "progress.json").write_text(json.dumps(progress(step=7)))
+    started = time.monotonic()
+    files = read(run_dir, wait=1.5)
+    took = time.monotonic() - started
+    assert files == {"progress.json": progress(step=7)}
+    assert 1.5 <= took < within(3.0), took
+
+
+def test_the_read_s_timeout_leaves_room_for_its_wait():
+    """A long-poll is not a storage that does not answer: timeout(1) gets the wait on top."""
+    assert view.read_command("/runs/r", 1, 1, 5).startswith(
+        f"timeout -k 5 {view.READ_TIMEOUT + 5} python3 -c "
+    )
+    assert view.read_command("/runs/r", 1, 1).startswith(f"timeout -k 5 {view.READ_TIMEOUT} ")
+
+
+@pytest.mark.wallclock
+@pytest.mark.parametrize("wait", [0, 30])
+def test_read_command_of_a_missing_run_dir_prints_nothing(open_dir: Path, wait: float):
+    """At once, whatever the wait: no run to wait for."""
+    cmd = view.read_command(str(open_dir / "absent"), NOBODY, NOBODY, wait)
+    started = time.monotonic()
     proc = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, check=False)
     assert (proc.returncode, proc.stdout) == (0, "")
+    assert time.monotonic() - started < within(5)
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="drops root's privileges, as on a node (CI is root)")
@@ -191,6 +274,8 @@ def test_status_reads_through_become_on_a_node_reached_as_a_sudo_user(open_dir: 
     (run_dir / "nodes").mkdir(parents=True)
     (run_dir / "config.json").write_text('{"run_id": "r", "attempt": "a2"}')
     (run_dir / "progress.json").write_text(json.dumps(ended("completed")))
+    (run_dir / "report.txt").write_text("the report\n")
+    (run_dir / "report.png").write_bytes(b"png")
     for host in HOSTS:
         (run_dir / "nodes" / f"{host}.exit").write_text(json.dumps(exit_rec(host)))
     task = mock.MagicMock(async_val=0, check_mode=False)
@@ -201,6 +286,7 @@ def test_status_reads_through_become_on_a_node_reached_as_a_sudo_user(open_dir: 
         result = action.run(task_vars={})
     assert result["outcome"] == "completed"
     assert result["status_lines"][0] == "run r: completed"
+    assert (result["report"], result["plot"]) == ("the report\n", True)  # status.yml's report
 
 
 # --- outcomes ------------------------------------------------------------------------------
@@ -356,27 +442,48 @@ def test_status_lines():
 
 
 def render(records: dict) -> str:
-    return "".join(f"{view.MARK} {name}\n{json.dumps(rec)}\n" for name, rec in records.items())
+    """What reader.py prints for these records (TEXT's as their text)."""
+    return "".join(
+        f"{view.MARK} {name}\n{rec['text'] if name in view.TEXT else json.dumps(rec)}\n"
+        for name, rec in records.items()
+    )
 
 
-def run_action(reads: list, **args) -> tuple[dict, list[str], list[str]]:
+class Sleeps(Clock):
+    """The fake clock, noting each sleep."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slept: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        super().sleep(seconds)
+
+
+def run_action(
+    reads: list, clock: Clock | None = None, took: float = 0.0, **args
+) -> tuple[dict, list[str], list[str]]:
     """Run the action on a list of reads (dicts of records, or an int: a failed command with
-    that rc). Returns (result, lines displayed, commands run); the last read repeats."""
+    that rc), each taking ``took`` s of the fake clock. Returns (result, lines displayed,
+    commands run); the last read repeats."""
     task = mock.MagicMock(async_val=0, check_mode=False)
     task.args = {"run_dir": "/runs/r", "run_id": "r", "hosts": HOSTS, "poll_interval": 5,
                  "owner_uid": 2000, "owner_gid": 2000, **args}  # fmt: skip
     action = follow.ActionModule(task, mock.MagicMock(), mock.MagicMock(), None, None, None)
     commands: list[str] = []
 
+    clock = clock or Clock()
+
     def execute(cmd: str, sudoable: bool = True) -> dict:
         commands.append(cmd)
+        clock.now += took  # the read's time on the node, not a sleep of the action
         read = reads[min(len(commands), len(reads)) - 1]
         if isinstance(read, int):
             return {"rc": read, "stdout": "", "stderr": "ssh: connection refused"}
         return {"rc": 0, "stdout": render(read), "stderr": ""}
 
     shown: list[str] = []
-    clock = Clock()
     with (
         mock.patch.object(action, "_low_level_execute_command", side_effect=execute),
         mock.patch.object(follow.display, "display", side_effect=shown.append),
@@ -405,7 +512,39 @@ def test_follow_prints_a_line_per_step_change_and_returns_the_outcome():
     ]
     assert result["lines"] == shown
     assert len(commands) == 5
-    assert all(c == view.read_command("/runs/r", 2000, 2000) for c in commands)
+    assert all(c == view.read_command("/runs/r", 2000, 2000, 5) for c in commands)
+
+
+def test_follow_s_reads_wait_for_the_end_and_it_sleeps_only_the_rest_of_the_interval():
+    """Each read waits on the node (here 2 s of the fake clock); the poll stays one read per
+    interval, and a failed read sleeps all of it: no read right after a failed one."""
+    reads = [files(prog=progress(step=1)), 255, files(prog=progress(step=2)),
+             files(prog=ended("completed"), summary={"status": "completed"})]  # fmt: skip
+    clock = Sleeps()
+    result, shown, commands = run_action(reads, clock=clock, took=2.0, attempt="a2")
+    assert result["outcome"] == "completed"
+    assert commands == [view.read_command("/runs/r", 2000, 2000, 5)] * 4
+    assert clock.slept == [3.0, 5.0, 3.0]
+    assert [line.split(",")[0] for line in shown] == ["run r: step 1/100 (1%)",
+                                                      "run r: step 2/100 (2%)"]  # fmt: skip
+
+
+def test_follow_s_wait_is_capped_well_below_ssh_s_patience():
+    clock = Sleeps()
+    reads = [files(prog=progress(step=1)), files(prog=ended("stopped"))]
+    _, _, commands = run_action(reads, clock=clock, took=30.0, attempt="a2", poll_interval=120)
+    assert commands == [view.read_command("/runs/r", 2000, 2000, follow.MAX_WAIT)] * 2
+    assert clock.slept == [90.0]
+
+
+def test_follow_returns_the_report_of_a_completed_run():
+    """Taken by the read that saw the end: report.yml reads nothing more."""
+    last = {**files(prog=ended("completed"), summary={"status": "completed"}),
+            "report.txt": {"text": "rank  img/s\n0     55.2\n"},
+            "present": {"present": ["report.png"]}}  # fmt: skip
+    result, _, commands = run_action([files(prog=progress(step=1)), last], attempt="a2")
+    assert (result["report"], result["plot"]) == ("rank  img/s\n0     55.2\n", True)
+    assert len(commands) == 2
 
 
 def test_follow_returns_once_progress_json_says_the_run_ended():
@@ -456,6 +595,8 @@ def test_once_reads_one_time_and_takes_the_attempt_from_config_json():
         "node3: container running",
     ]
     assert result["lines"] == [result["status_lines"][4]]
+    assert commands == [view.read_command("/runs/r", 2000, 2000)]  # no wait: status.yml's read
+    assert (result["report"], result["plot"]) == (None, False)
 
 
 def test_once_fails_when_the_run_dir_cannot_be_read():

@@ -1,13 +1,15 @@
 """ddpfleet_run_follow: follow a run through the records its agents write (read-only).
 
-Each poll is one read of config.json, summary.json, progress.json and nodes/*.exit over the
-task's connection (python3 -c, as the storage owner with no supplementary groups, never
+Each poll is one read of config.json, summary.json, progress.json, report.txt and nodes/*.exit
+over the task's connection (python3 -c, as the storage owner with no supplementary groups, never
 following a link): no module shipped, nothing written, so stopping the controller never
 touches the run. The run has ended once progress.json's status says so (completed, stopped or
-failed: node rank 0's agent writes it, after summary.json and report.txt). once: a single
-read, with the run's status word and status.yml's lines (containers: {host: docker state or
-''}). Returns outcome, summary, exits, progress, config, attempt, links (the links planted among
-ddpfleet's own files: ddpfleet_agent/reader.py) and lines (the progress lines shown).
+failed: node rank 0's agent writes it, after summary.json and report.txt); a poll's read waits
+on the node for it, so the end is seen within a quarter second. once: a single read, with the
+run's status word and status.yml's lines (containers: {host: docker state or ''}). Returns
+outcome, summary, exits, progress, config, attempt, links (the links planted among ddpfleet's
+own files: ddpfleet_agent/reader.py), report and plot (report.txt's text, report.png there) and
+lines (the progress lines shown).
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from ddpfleet_agent import follow as view
 
 display = Display()
+# A poll's read waits for the end at most this long: its timeout(1) is READ_TIMEOUT plus the
+# wait, so a longer one only delays noticing a hung storage or a lost link, and a silent SSH
+# command of 90 s at most stays far inside what keepalives (ansible.cfg) hold open.
+MAX_WAIT = 30.0
 SPEC = {
     "run_dir": {"type": "str", "required": True},
     "run_id": {"type": "str", "required": True},
@@ -47,8 +53,8 @@ class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _supports_check_mode = True
 
-    def _read(self, a: dict) -> tuple[dict | None, str]:
-        cmd = view.read_command(a["run_dir"], a["owner_uid"], a["owner_gid"])
+    def _read(self, a: dict, wait: float) -> tuple[dict | None, str]:
+        cmd = view.read_command(a["run_dir"], a["owner_uid"], a["owner_gid"], wait)
         try:
             res = self._low_level_execute_command(cmd, sudoable=True)
         except AnsibleConnectionFailure as exc:
@@ -62,9 +68,11 @@ class ActionModule(ActionBase):
         _, a = self.validate_argument_spec(argument_spec=SPEC)
         run_id, hosts, lines = a["run_id"], a["hosts"], []
         snap, shown, seen, error = None, view.Shown(run_id), None, ""
+        wait = 0.0 if a["once"] else min(a["poll_interval"], MAX_WAIT)
         last_change = time.monotonic()
         while a["once"] or time.monotonic() - last_change <= a["stale_after"]:
-            files, error = self._read(a)
+            started = time.monotonic()
+            files, error = self._read(a, wait)
             now = time.monotonic()
             if files is None and a["once"]:
                 break
@@ -82,7 +90,10 @@ class ActionModule(ActionBase):
                     seen, last_change = (snap["progress"], sorted(snap["exits"])), now
                 if snap["outcome"]:
                     return self._done(result, snap, snap["outcome"], lines)
-            time.sleep(a["poll_interval"])
+            # one read per interval: one that waited spent part of it; a failed one sleeps all of
+            # it (it may have failed at once: never a busy loop)
+            spent = now - started if files is not None else 0.0
+            time.sleep(max(0.0, a["poll_interval"] - spent))
         silent = round(time.monotonic() - last_change)
         if snap is None or error:
             return {**result, "failed": True, "msg": f"cannot read {a['run_dir']}: {error}"}
@@ -95,6 +106,7 @@ class ActionModule(ActionBase):
 
     @staticmethod
     def _done(result: dict, snap: dict, outcome: str, lines: list[str]) -> dict:
-        keep = ("summary", "exits", "progress", "config", "attempt", "links", "checkpoints")
+        keep = ("summary", "exits", "progress", "config", "attempt", "links", "checkpoints",
+                "report", "plot")  # fmt: skip
         result.update({k: snap[k] for k in keep}, changed=False, outcome=outcome, lines=lines)
         return result
