@@ -174,3 +174,25 @@ def test_preflight_passes_and_reports_what_the_engine_may_grant():
     )
     assert result["gpu_models"] == []
     assert set(result["ulimits"]) == {"memlock", "stack"}
+
+
+def test_preflight_reads_the_image_reference_and_the_shared_storage_token(tmp_path: Path):
+    """What preflight.yml asserts on comes from the same call: the image (train_image, else
+    site.yml's record), whether the engine has it, and the token as this host sees it."""
+    peer = {"name": "lh", "hostname": "localhost", "cluster_ip": "127.0.0.1"}
+    ref, token = tmp_path / "trainer_image", tmp_path / ".preflight-r1"
+    ref.write_text("10.0.0.1:5000/ddpfleet/e2e-absent@sha256:" + "0" * 64 + "\n")
+    token.write_text("r1-1764590000.5-42")
+    base = {"host": "node1", "peers": [peer], "shm_mb": 1, "image_file": str(ref)}
+    recorded = module("ddpfleet_run_preflight", {**base, "token_file": str(token)})
+    assert recorded["image"] == ref.read_text().strip()
+    assert recorded["image_present"] is False  # no engine here has that digest
+    assert recorded["token"] == "r1-1764590000.5-42"
+    chosen = module(
+        "ddpfleet_run_preflight",
+        {**base, "image": "ddpfleet/e2e-absent:0", "token_file": str(tmp_path / "gone")},
+    )
+    assert chosen["image"] == "ddpfleet/e2e-absent:0"  # the option wins over the record
+    assert chosen["token"] is None  # not there: the storage is not shared
+    ref.unlink()
+    assert module("ddpfleet_run_preflight", base)["image"] == ""  # neither: preflight refuses
