@@ -1,12 +1,17 @@
 """Unit tests of roles/trainer_run/filter_plugins: train_* options to trainer flags, the
-option checks, peers and ulimits."""
+option checks, peers and ulimits, and the run agent's archive for a user's program."""
 
 from __future__ import annotations
 
 import base64
 import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import yaml
 from plugin_loader import load_plugin
 
 filters = load_plugin(
@@ -144,3 +149,36 @@ def test_fallback_report_shows_each_host_s_own_exit_record():
         "node2: no exit record (its agent did not end, or the host is gone)",
         "node3: no exit record (its agent did not end, or the host is gone)",
     ]
+
+
+def test_the_agent_archive_unpacks_with_program_yml_s_command_into_a_lib_that_runs(tmp_path):
+    """A user's program gets the run agent from one archive (ddpfleet_agent_lib), unpacked on
+    node rank 0's host by program.yml's own command: every module byte for byte, modes 0644 /
+    0755, the heartbeat helper beside, and `python -m ddpfleet_agent` runs from the copy. A
+    resumed run unpacks it again over the first copy."""
+    root = Path(__file__).resolve().parents[2]
+    tasks = yaml.safe_load((root / "roles/trainer_run/tasks/program.yml").read_text())
+    task = next(t for t in tasks if "lib/" in t["name"])
+    lib = tmp_path / "run dir" / "lib"
+    lib.parent.mkdir()
+    cmd = task["ansible.builtin.shell"]["cmd"].replace(
+        "{{ _trainer_run_lib | quote }}", shlex.quote(str(lib))
+    )
+    archive = filters.lib_archive(root / "ddpfleet_agent")
+    for _ in range(2):
+        subprocess.run(["bash", "-c", cmd], input=archive + "\n", text=True, check=True)
+    shipped = lib / "agent" / "ddpfleet_agent"
+    sources = sorted((root / "ddpfleet_agent").glob("*.py"))
+    assert sorted(p.name for p in shipped.iterdir()) == [p.name for p in sources]
+    assert all((shipped / p.name).read_bytes() == p.read_bytes() for p in sources)
+    helper = lib / "ddpfleet_heartbeat.py"
+    assert helper.read_bytes() == (root / "ddpfleet_agent" / "ddpfleet_heartbeat.py").read_bytes()
+    assert {oct(p.stat().st_mode & 0o777) for p in [*shipped.iterdir(), helper]} == {"0o644"}
+    assert {oct(d.stat().st_mode & 0o777) for d in (lib, lib / "agent", shipped)} == {"0o755"}
+    ran = subprocess.run(
+        [sys.executable, "-m", "ddpfleet_agent"], cwd=tmp_path, capture_output=True, text=True,
+        env={"PYTHONPATH": str(lib / "agent"), "PATH": "/usr/bin:/bin"}, check=False,
+    )  # fmt: skip
+    assert (ran.returncode, ran.stderr.strip()) == (
+        2, "ddpfleet_agent: error: give the command to supervise after --"
+    ), ran.stderr  # fmt: skip

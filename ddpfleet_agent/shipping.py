@@ -1,0 +1,40 @@
+"""The run agent as train.yml ships it into a run directory for a user's program, whose image
+need not hold this package (any image with torch will do): its modules and the standalone
+heartbeat helper, in one compressed tar that a single task on node rank 0's host unpacks into
+the run's ``lib/`` (a copy task per module took ~10 s of every such launch). Runs on the
+controller (the trainer_run filter ``ddpfleet_agent_lib``)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import tarfile
+from pathlib import Path
+
+DIRS = ("agent", "agent/ddpfleet_agent")
+
+
+def lib_archive(package: str | Path) -> str:
+    """base64 of a .tar.gz laid out as the run's lib/: agent/ddpfleet_agent/*.py (``python -m
+    ddpfleet_agent`` with lib/agent on sys.path) and ddpfleet_heartbeat.py (on the ranks'
+    PYTHONPATH); directories 0755, files 0644 with their sources' mtimes, so a changed module
+    never meets a stale .pyc of the same size. ``package``: the ddpfleet_agent directory."""
+    package = Path(package)
+    files = {f"{DIRS[-1]}/{p.name}": p for p in sorted(package.glob("*.py"))}
+    files["ddpfleet_heartbeat.py"] = package / "ddpfleet_heartbeat.py"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        for name in DIRS:
+            tar.addfile(member(name, tarfile.DIRTYPE, 0o755, package.stat().st_mtime))
+        for name, path in files.items():
+            data = path.read_bytes()
+            info = member(name, tarfile.REGTYPE, 0o644, path.stat().st_mtime)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def member(name: str, kind: bytes, mode: int, mtime: float) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.mtime = kind, mode, int(mtime)
+    return info
