@@ -7,22 +7,32 @@ rank that stops beating shows as a growing heartbeat age, and a host that is gon
 that is down, never as a stale value. Names follow Prometheus' conventions: ``ddpfleet_``,
 base units in the name (seconds, bytes, ratio, per_second), labels of low cardinality (rank,
 gpu, phase); the run's identity is one info metric, joinable on the target's labels.
+
+It answers only a scrape of its own run: Prometheus asks with ``?run_id=<id>`` (the
+``__param_run_id`` of the run's discovery file, announce.yml). A target left over from an
+earlier run on the same host and port, which Prometheus keeps scraping for up to ~10 s after
+the new run's file replaced it (discovery and scrape reloads are each throttled to 5 s), gets
+404 and shows as down, instead of this run's metrics filed under the old run's id.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     InfoMetricFamily,
     Metric,
 )
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from ddpfleet_agent.ranks import number
 
@@ -146,14 +156,36 @@ class RunCollector:
         yield from self.gpus.collect()
 
 
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, *args: object) -> None:  # no access log in the run's output
+        pass
+
+
+def for_run(app: Callable, run_id: str) -> Callable:
+    """The WSGI ``app`` for a scrape that names no run or this one; 404 for another run's."""
+
+    def answer(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        asked = parse_qs(environ.get("QUERY_STRING", "")).get("run_id", [run_id])[0]
+        if asked != run_id:
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"this endpoint serves run {run_id}, not {asked}\n".encode()]
+        return app(environ, start_response)
+
+    return answer
+
+
 def serve(agent: Agent) -> str:
-    """Start the endpoint of ``agent.cfg.metrics``; '' when serving, else why not (one line:
-    the run goes on without it)."""
+    """Start the endpoint of ``agent.cfg.metrics`` in a daemon thread; '' when serving, else
+    why not (one line: the run goes on without it)."""
     cfg = agent.cfg
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunCollector(agent))
+    app = for_run(make_wsgi_app(registry), cfg.run_id)
     try:
-        start_http_server(cfg.metrics_port, cfg.metrics_host, registry)
+        httpd = make_server(
+            cfg.metrics_host, cfg.metrics_port, app, ThreadingWSGIServer, handler_class=_Quiet
+        )
     except OSError as exc:
         return f"metrics endpoint {cfg.metrics_host}:{cfg.metrics_port} not started ({exc})"
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
     return ""

@@ -51,6 +51,18 @@ def scrape_when(port: int, ready, timeout: float = 30) -> dict:
     raise AssertionError(f"no scrape of port {port} was ready in {timeout}s")
 
 
+def assert_answers_only_its_own_run(port: int) -> None:
+    """Prometheus scrapes with ?run_id= from the run's discovery file (announce.yml): a target
+    an earlier run on this port left behind gets 404, not this run's metrics."""
+    url = f"http://127.0.0.1:{port}/metrics?run_id="
+    with urllib.request.urlopen(url + "t1", timeout=5) as reply:
+        assert "ddpfleet_run_info" in reply.read().decode()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url + "an-earlier-run", timeout=5)
+    assert refused.value.code == 404
+    assert refused.value.read().decode() == "this endpoint serves run t1, not an-earlier-run\n"
+
+
 def test_each_agent_serves_its_own_ranks_and_a_frozen_rank_ages(cluster):
     c = cluster(2, **{"heartbeat-timeout": 8})
     c.metrics_ports = [free_port(), free_port()]
@@ -69,6 +81,7 @@ def test_each_agent_serves_its_own_ranks_and_a_frozen_rank_ages(cluster):
         assert value(found, "ddpfleet_run_images_per_second") == 10.0
         assert value(found, "ddpfleet_run_loss") == 1.5
         assert time.time() - 60 < value(found, "ddpfleet_run_attempt_start_time_seconds")
+        assert_answers_only_its_own_run(port)
     os.kill(c.rank_pid(1), signal.SIGSTOP)  # frozen: its heartbeat thread stops writing
     time.sleep(3)
     frozen = scrape(c.metrics_ports[1])
