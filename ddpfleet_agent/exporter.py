@@ -18,6 +18,7 @@ the new run's file replaced it (discovery and scrape reloads are each throttled 
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -181,10 +182,10 @@ def serve(agent: Agent) -> str:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunCollector(agent))
     app = for_run(make_wsgi_app(registry), cfg.run_id)
-    try:
-        httpd = make_server(
-            cfg.metrics_host, cfg.metrics_port, app, ThreadingWSGIServer, handler_class=_Quiet
-        )
+    try:  # an IPv4 or IPv6 cluster address, as prometheus_client's own server picks it
+        family = socket.getaddrinfo(cfg.metrics_host, cfg.metrics_port, type=socket.SOCK_STREAM)
+        server = type("Server", (ThreadingWSGIServer,), {"address_family": family[0][0]})
+        httpd = make_server(cfg.metrics_host, cfg.metrics_port, app, server, handler_class=_Quiet)
     except OSError as exc:
         return f"metrics endpoint {cfg.metrics_host}:{cfg.metrics_port} not started ({exc})"
     threading.Thread(target=httpd.serve_forever, daemon=True).start()

@@ -107,7 +107,7 @@ infiniband_devices:
   type: list
   returned: always
 image:
-  description: The image (the option, else image_file's first line); empty when neither is known.
+  description: The image (the option, else image_file's text); empty when neither is known.
   type: str
   returned: always
 image_present:

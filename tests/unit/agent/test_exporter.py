@@ -16,7 +16,7 @@ from conftest import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from ddpfleet_agent.cli import BadAgentInput, parse_args
-from ddpfleet_agent.exporter import Gpus
+from ddpfleet_agent.exporter import Gpus, serve
 
 AGENT = ["--run-dir", "r", "--run-id", "t", "--host", "a", "--node-rank", "0", "--hosts", "a"]
 AGENT += ["--store", "127.0.0.1:1", "--key-file", "k"]
@@ -145,3 +145,20 @@ def test_gpu_metrics_names_and_labels():
     assert found["ddpfleet_gpu_memory_used_bytes"][1] == ({"gpu": "1"}, 2 * 2**30)
     assert found["ddpfleet_gpu_memory_total_bytes"][0] == ({"gpu": "0"}, 80 * 2**30)
     assert found["ddpfleet_gpu_temperature_celsius"] == [({"gpu": "0"}, 40), ({"gpu": "1"}, 41)]
+
+
+def test_the_endpoint_serves_on_an_ipv6_cluster_address():
+    """preflight accepts an IPv6 cluster_ip: the agent's server takes the address's family."""
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    port = free_port()
+    cfg = types.SimpleNamespace(run_id="t6", host="h", attempt="a", node_rank=0,
+                                metrics_host="::1", metrics_port=port)  # fmt: skip
+    agent = types.SimpleNamespace(cfg=cfg, restarts=0, ranks=types.SimpleNamespace(started=None),
+                                  beats={})  # fmt: skip
+    assert serve(agent) == ""
+    with urllib.request.urlopen(f"http://[::1]:{port}/metrics?run_id=t6", timeout=5) as reply:
+        assert 'run_id="t6"' in reply.read().decode()
