@@ -5,8 +5,8 @@
 [--max-runtime S] [--attempt A] [--log-tail-lines N] [--world-size N] [--straggler-ratio R]
 -- torchrun ... -m trainer ...``
 
-One agent per host. Node rank 0's agent serves a c10d TCPStore at ``--store``; the others
-connect to it. Each agent:
+One agent per host. Node rank 0's agent serves the run's store (store.py, standard library
+only: the agent imports no torch) at ``--store``; every agent connects to it. Each agent:
 
 - starts the command (torchrun) in its own session with ``DDPFLEET_HEARTBEAT_DIR`` set to a
   container-local directory, copies its output to stdout and ``nodes/<host>.log``;

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import sys
 
+from ddpfleet_agent import dump
 from ddpfleet_agent.cli import BadAgentInput, parse_args
+from ddpfleet_agent.supervise import Agent
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -13,8 +15,6 @@ def main(argv: list[str] | None = None) -> int:
     and ``index`` first: a forensics bundle of a live run instead (ddpfleet_agent.dump)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["dump"], ["index"]):
-        from ddpfleet_agent import dump  # noqa: PLC0415 - the agent's own path imports torch
-
         return dump.main(argv)
     try:
         cfg = parse_args(argv)
@@ -25,13 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     # program arguments may be secrets): the agent's files and its ranks' are 0640 / 0750,
     # readable by the storage owner's group.
     os.umask(0o027)
-    # The store client logs a C++ stack trace for every lost connection; the agent reports
-    # those in one line itself. The ranks get the user's setting back.
-    child_env = dict(os.environ)
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    from ddpfleet_agent.supervise import Agent  # noqa: PLC0415 - torch loads only for a valid call
-
-    return Agent(cfg, child_env).run()
+    return Agent(cfg).run()
 
 
 if __name__ == "__main__":

@@ -18,9 +18,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from torch.distributed import TCPStore
-
     from ddpfleet_agent.cli import AgentConfig
+    from ddpfleet_agent.store import StoreClient
 
 
 class StoreLost(RuntimeError):
@@ -33,7 +32,7 @@ class StoreGone(StoreLost):
 
 class Membership:
     cfg: AgentConfig
-    store: TCPStore | None
+    store: StoreClient | None
     members: list[int]
     generation: int
     views: dict[int, dict]

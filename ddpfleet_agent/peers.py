@@ -1,4 +1,4 @@
-"""The other hosts' agents, over the run's c10d TCPStore (served by node rank 0's agent).
+"""The other hosts' agents, over the run's store (store.py, served by node rank 0's agent).
 
 Keys: ``alive/<n>`` keepalive count, ``ranks/<n>`` the host's rank views (with the failed
 exit it saw, ``cause``, once its command failed), ``failure`` the first failure claimed
@@ -20,16 +20,14 @@ counts only when its count grows, so a value seen before, sent again, keeps no h
 
 from __future__ import annotations
 
-import datetime
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from torch.distributed import TCPStore
-
 from ddpfleet_agent.cli import AgentConfig
 from ddpfleet_agent.membership import Membership, StoreLost
+from ddpfleet_agent.store import StoreClient, StoreServer
 from ddpfleet_agent.wire import SHAPES, seal, unseal
 
 
@@ -39,7 +37,8 @@ class Peers(Membership):
         self.cfg = cfg
         self.note = note
         self.n = len(cfg.hosts)
-        self.store: TCPStore | None = None
+        self.store: StoreClient | None = None
+        self.server: StoreServer | None = None  # node rank 0's, once it serves
         self.seen: dict[int, tuple[int, float]] = {}  # node -> (keepalive count, local time)
         self.views: dict[int, dict] = {}
         self.exits: dict[int, dict] = {}
@@ -95,18 +94,15 @@ class Peers(Membership):
         self._open()
 
     def _open(self) -> None:
-        """A new connection to the store (node rank 0: serve it)."""
-        timeout = datetime.timedelta(seconds=self.cfg.peer_timeout)
+        """A new connection to the store (node rank 0: serve it first, once)."""
+        host, port = self.cfg.store_host, self.cfg.store_port
         try:
-            self.store = TCPStore(
-                self.cfg.store_host,
-                self.cfg.store_port,
-                None,
-                self.cfg.is_server,
-                timeout,
-                wait_for_workers=False,
-            )
-        except (RuntimeError, OSError) as exc:  # DistNetworkError/DistStoreError are RuntimeErrors
+            if self.cfg.is_server and self.server is None:
+                self.server = StoreServer(host, port)
+            if self.store is not None:
+                self.store.close()
+            self.store = StoreClient(host, port, self.cfg.peer_timeout)
+        except OSError as exc:
             raise StoreLost(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
 
     def _call(self, fn, *args):

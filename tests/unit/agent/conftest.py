@@ -1,4 +1,4 @@
-"""Agents on localhost around fake launchers: real processes, a real TCPStore, real signals."""
+"""Agents on localhost around fake launchers: real processes, their real store, real signals."""
 
 from __future__ import annotations
 

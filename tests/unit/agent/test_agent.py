@@ -1,9 +1,8 @@
-"""The run agent end to end on localhost: real agents, a real TCPStore, fake torchrun/ranks."""
+"""The run agent end to end on localhost: real agents, their real store, fake torchrun/ranks."""
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
 import signal
@@ -14,10 +13,11 @@ import time
 from pathlib import Path
 
 from time_bounds import within
-from torch.distributed import TCPStore
 
 from ddpfleet_agent.cli import BadAgentInput, parse_args
 from ddpfleet_agent.report import report_lines
+from ddpfleet_agent.store import StoreClient
+from ddpfleet_agent.supervise import Agent
 from ddpfleet_agent.wire import seal
 
 
@@ -75,7 +75,7 @@ def test_values_of_another_shape_in_the_store_are_ignored_and_the_run_completes(
     c = cluster(2)
     c.start({0: "run:8", 1: "run:8"})
     c.heartbeat_ready(0, step=1)
-    client = TCPStore("127.0.0.1", c.port, None, False, datetime.timedelta(seconds=10))
+    client = StoreClient("127.0.0.1", c.port, 10)
     # sealed with the run's key, so only their shape is wrong
     client.set("failure", seal(c.key, "failure", {"x": 1}))
     client.set("stop", seal(c.key, "stop", {"by": 5}))
@@ -99,7 +99,7 @@ def test_forged_values_from_a_client_without_the_run_s_key_are_ignored(cluster):
     c = cluster(2)
     c.start({0: "run:8", 1: "run:8"})
     c.heartbeat_ready(0, step=1)
-    client = TCPStore("127.0.0.1", c.port, None, False, datetime.timedelta(seconds=10))
+    client = StoreClient("127.0.0.1", c.port, 10)
     forged = {
         "failure": {"host": "h1", "node_rank": 1, "rank": 1, "exit_code": 9, "reason": "forged"},
         "stop": {"by": "mallory", "time": time.time()},
@@ -355,7 +355,6 @@ def test_a_host_that_lost_the_store_stands_in_for_node_rank_0_only_when_it_is_go
 ):
     """progress.json rewritten meanwhile: node rank 0's agent lives (this host is the one cut
     off) and will write the status word itself; unchanged: it is gone, this host writes it."""
-    from ddpfleet_agent.supervise import Agent  # noqa: PLC0415 - loads torch
 
     args = ["--run-dir", str(tmp_path), "--run-id", "t1", "--hosts", "h0,h1", "--host", "h1",
             "--node-rank", "1", "--store", "127.0.0.1:1", "--attempt", "a1", "--key-file", "k",

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 from time_bounds import within
 
+from ddpfleet_agent import ending
 from ddpfleet_agent.cli import parse_args
 from ddpfleet_agent.records import Records
+from ddpfleet_agent.supervise import Agent
 
 
 def release_fifo(path: Path, mode: int) -> None:
@@ -61,8 +63,6 @@ def test_a_host_that_lost_the_store_and_the_storage_ends_without_waiting_on_it(
 ) -> None:
     """Node rank 0's host gone with the store and the storage: the others must not hang on
     the run directory while they end (issue 27 item 3)."""
-    from ddpfleet_agent import ending  # noqa: PLC0415 - supervise loads torch
-    from ddpfleet_agent.supervise import Agent  # noqa: PLC0415
 
     monkeypatch.setattr(ending, "PROGRESS_EVERY", 0.05)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the agent's heartbeat directory
