@@ -48,6 +48,17 @@ def job_of(out: str, rid: str) -> tuple[str, str]:
     return found.group(1), found.group(2)
 
 
+def wait_job_ended(cluster: Any, job: str, timeout: float = 60) -> str:
+    """The job's state once Slurm no longer has it running or completing."""
+    deadline = time.monotonic() + within(timeout)
+    while True:
+        state = squeue(cluster, f"--jobs={job}", "--states=all", "--format=%T").strip()
+        if state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            return state
+        assert time.monotonic() < deadline, f"Slurm job {job} still {state} after {timeout} s"
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def queued(cluster: Any) -> dict:
     a, b, c = run_id("slurm-a"), run_id("slurm-b"), run_id("slurm-c")
@@ -75,12 +86,16 @@ def queued(cluster: Any) -> dict:
     assert cancel.returncode == 0, cancel.stderr
     stop_s = gone_after(cluster, a, time.monotonic(), STOP_LIMIT_S + 30)
     print(f"\nscancel -> no container of the run on any host: {stop_s:.1f} s")
+    # Slurm ends the job after its containers (the epilog runs first: COMPLETING); status.yml
+    # says the state Slurm has, so ask it once Slurm has the job's end (a CI run asked within
+    # that window and got COMPLETING)
+    a_state = wait_job_ended(cluster, job_a)
     a_status = run_site(cluster, "-e", f"run_id={a}", playbook="status.yml")
     followed = train(cluster, b, "-e", "train_max_steps=6")  # attaches: B was launched
     return {
         "a": a, "b": b, "job_a": job_a, "job_b": job_b, "place": place, "limit": limit,
         "status": status, "pending": pending, "a_containers": a_containers, "stop_s": stop_s,
-        "a_status": a_status,
+        "a_status": a_status, "a_state": a_state,
         "followed": followed, "c": c, "job_c": job_c, "place_c": place_c, "withdrawn": withdrawn,
     }  # fmt: skip
 
@@ -148,6 +163,7 @@ def test_scancel_stops_the_run_and_leaves_no_container(cluster: Any, queued: dic
     status = queued["a_status"]
     assert status.rc == 0, status.tail()
     assert f"run {a}: stopped" in status.stdout, status.tail()
+    assert queued["a_state"] == "CANCELLED"
     assert f"Slurm job {queued['job_a']}: CANCELLED" in status.stdout, status.tail()
 
 
