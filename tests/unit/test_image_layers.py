@@ -116,8 +116,14 @@ def test_plan_then_every_layer_installs_exactly_the_resolved_stack(tmp_path: Pat
     step("install", "1")
     assert installed() >= {"nvidia-cudnn-cu13==9.1"}
     assert not installed() & {"torch==2.0", "helper==1.0"}
+    site = next(venv.glob("lib/python3*/site-packages"))
+    first = {p: p.stat().st_mtime_ns for p in site.glob("__pycache__/nvidia_cudnn_cu13.*.pyc")}
+    assert first, "layer 1 left its modules without .pyc"
     step("install", "2")
     assert "torch==2.0" in installed()
+    assert list(site.glob("__pycache__/torch.*.pyc")), "layer 2 left its modules without .pyc"
+    # layer 1's .pyc are only read by layer 2's compile (a rewrite would copy them into it)
+    assert {p: p.stat().st_mtime_ns for p in first} == first
     for layer in range(3, layers.LAYERS + 1):
         step("install", str(layer))
     assert installed() >= {"helper==1.0", "nvidia-cudnn-cu13==9.1", "torch==2.0"}
