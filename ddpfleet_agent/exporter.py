@@ -18,7 +18,6 @@ the new run's file replaced it (discovery and scrape reloads are each throttled 
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -36,6 +35,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from ddpfleet_agent.ranks import number
+from ddpfleet_agent.store import server_class
 
 if TYPE_CHECKING:
     from ddpfleet_agent.supervise import Agent
@@ -183,8 +183,7 @@ def serve(agent: Agent) -> str:
     registry.register(RunCollector(agent))
     app = for_run(make_wsgi_app(registry), cfg.run_id)
     try:  # an IPv4 or IPv6 cluster address, as prometheus_client's own server picks it
-        family = socket.getaddrinfo(cfg.metrics_host, cfg.metrics_port, type=socket.SOCK_STREAM)
-        server = type("Server", (ThreadingWSGIServer,), {"address_family": family[0][0]})
+        server = server_class(ThreadingWSGIServer, cfg.metrics_host, cfg.metrics_port)
         httpd = make_server(cfg.metrics_host, cfg.metrics_port, app, server, handler_class=_Quiet)
     except OSError as exc:
         return f"metrics endpoint {cfg.metrics_host}:{cfg.metrics_port} not started ({exc})"

@@ -101,7 +101,8 @@ class _Data:
     def apply(self, req: dict) -> dict:
         op = req.get("op")
         keys = req.get("keys") if op == "check" else [req.get("key")]
-        if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
+        named = isinstance(keys, list) and all(isinstance(k, str) and k for k in keys)
+        if not (keys and named):
             raise StoreError("keys must be non-empty strings")
         key = keys[0]
         with self.lock:
@@ -155,14 +156,19 @@ class _Server(socketserver.ThreadingTCPServer):
     connections: set[socket.socket]
 
 
+def server_class(base: type[socketserver.TCPServer], host: str, port: int) -> type:
+    """``base`` bound to the address family of ``host`` (IPv4 or IPv6): socketserver's
+    servers are IPv4 unless told, where a cluster address may be IPv6."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    return type(base.__name__, (base,), {"address_family": family})
+
+
 class StoreServer:
     """Serve the store on ``host:port`` (the address family of ``host``: IPv6 too) from a
     daemon thread of this process; OSError when the address cannot be bound."""
 
     def __init__(self, host: str, port: int):
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        server_class = type("_FamilyServer", (_Server,), {"address_family": family})
-        self._server = server_class((host, port), _Handler)
+        self._server = server_class(_Server, host, port)((host, port), _Handler)
         self._server.data = _Data()
         self._server.lock = threading.Lock()
         self._server.connections = set()

@@ -194,6 +194,8 @@ def test_a_stray_client_s_bad_frames_close_its_connection_and_others_go_on(serve
         c._ask({"op": "set", "key": "k", "value": "not base64!"})
     with pytest.raises(StoreError, match="keys"):
         c._ask({"op": "get", "key": ""})
+    with pytest.raises(StoreError, match="keys"):
+        c._ask({"op": "check", "keys": []})
     assert c.get("k") == b"v"
 
 
