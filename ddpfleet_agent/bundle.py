@@ -54,7 +54,7 @@ def take(agent: Agent, failure: dict) -> str | None:
             time.sleep(cfg.tick / 2)
     except StoreLost:
         agent.store_ok = False
-    if not cfg.is_server:
+    if not agent.peers.leads:
         return None
     missing = {
         cfg.hosts[n]: [r["rank"] for r in agent.peers.views.get(n, {}).get("ranks") or []]

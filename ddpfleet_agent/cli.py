@@ -43,6 +43,9 @@ class AgentConfig:
     metrics_port: int = 0
     restarts: int = 0  # restarts in place after a rank's failure (restarts.py)
     min_hosts: int = 0  # go on without a host that is gone while this many remain (0: never)
+    # the hosts' cluster addresses in node-rank order: any host can serve the run's store
+    # (failover.py) and be torchrun's master; empty: only node rank 0's, at --store
+    addresses: list[str] = dataclasses.field(default_factory=list)
     tick: float = 0.5  # seconds between supervision rounds
     settle: float = 2.0  # seconds to watch the peers before naming the cause of an exit
 
@@ -54,6 +57,11 @@ class AgentConfig:
     def takes_hosts_back(self) -> bool:
         """A host left out may come back (regrow.py): the run may shrink and restart."""
         return bool(self.min_hosts and self.restarts)
+
+    @property
+    def can_fail_over(self) -> bool:
+        """Another host may take over the run's store when its host is lost (failover.py)."""
+        return bool(self.addresses) and self.takes_hosts_back
 
     @property
     def nproc(self) -> int:
@@ -138,6 +146,12 @@ def _parser() -> argparse.ArgumentParser:
         "--peer-timeout) while at least this many hosts remain (0: a host gone ends the run)",
     )
     p.add_argument(
+        "--addresses",
+        default="",
+        help="the hosts' cluster addresses in --hosts order, comma-separated: with --min-hosts, "
+        "another host takes over the run's store when node rank 0's is lost",
+    )
+    p.add_argument(
         "--metrics",
         default="",
         help="ADDR:PORT of this agent's Prometheus endpoint (empty: none)",
@@ -169,6 +183,9 @@ def parse_args(argv: list[str]) -> AgentConfig:
     if not RUN_ID_RE.match(ns.run_id) or ns.run_id in (".", ".."):
         raise BadAgentInput(f"invalid --run-id {ns.run_id!r}")
     store_host, store_port = _address("--store", ns.store)
+    addresses = [a.strip("[]") for a in ns.addresses.split(",") if a]
+    if addresses and len(addresses) != len(hosts):
+        raise BadAgentInput(f"--addresses names {len(addresses)} hosts, --hosts {len(hosts)}")
     metrics_host, metrics_port = _address("--metrics", ns.metrics) if ns.metrics else ("", 0)
     if not (math.isfinite(ns.dump_timeout) and 0 <= ns.dump_timeout <= 60):
         raise BadAgentInput("--dump-timeout must be from 0 to 60")
@@ -210,4 +227,5 @@ def parse_args(argv: list[str]) -> AgentConfig:
         metrics_port=metrics_port,
         restarts=ns.restarts,
         min_hosts=ns.min_hosts,
+        addresses=addresses,
     )

@@ -63,11 +63,11 @@ class Ending:
                 self.store_ok = False
         self.records.write_exit(exit_rec)
         self._write_summary(outcome)
-        if cfg.is_server and self.store_ok:
+        if self.peers.leads and self.store_ok:
             self._wait_for_peers(outcome)
-        if cfg.is_server and cfg.program:
+        if self.peers.leads and cfg.program:
             self._write_program_summary(outcome, exit_rec)
-        if cfg.is_server:
+        if self.peers.leads:
             self.attempts[-1]["ended"] = exit_rec["time"]
             self.records.write_attempts(self.attempts, self.restarts)
             self._write_end(outcome)
@@ -108,7 +108,7 @@ class Ending:
     def _write_summary(self, outcome: str) -> None:
         cfg = self.cfg
         if outcome == "failed" and self.failure:
-            if cfg.is_server:
+            if self.peers.leads:
                 self.records.write_failure(
                     cfg.run_id, cfg.attempt, self.failure, cfg.log_tail_lines, self.diagnosis
                 )
@@ -129,7 +129,7 @@ class Ending:
                         cfg.run_id, cfg.attempt, self.failure, cfg.log_tail_lines
                     )
                 self._stand_in_for_rank0(before)
-        elif outcome == "stopped" and cfg.is_server and self.escalated:
+        elif outcome == "stopped" and self.peers.leads and self.escalated:
             self.records.write_stopped(cfg.attempt)
 
     def _stand_in_for_rank0(self, before: dict) -> None:
@@ -190,7 +190,7 @@ class Ending:
 
     def _progress(self, now: float) -> None:
         """Node rank 0 keeps progress.json current (every PROGRESS_EVERY s)."""
-        if not self.cfg.is_server or now - self.last_progress < PROGRESS_EVERY:
+        if not self.peers.leads or now - self.last_progress < PROGRESS_EVERY:
             return
         self.last_progress = now
         self.records.write_progress(self._progress_record(now, "running"))
@@ -198,7 +198,7 @@ class Ending:
     def _progress_record(self, now: float, state: str, status: str = "running") -> dict:
         cfg = self.cfg
         views = self.peers.views
-        lead = (views.get(0, {}).get("ranks") or [{}])[0]
+        lead = (views.get(self.peers.members[0], {}).get("ranks") or [{}])[0]
         step, total = int(lead.get("step") or 0), int(lead.get("total_steps") or 0)
         eta = None
         if lead.get("phase") in ("train", "validate"):

@@ -50,6 +50,8 @@ class Failure(TypedDict, total=False):
     restartable: bool  # a rank's failure on a host still there: restarting in place may heal it
     gone: bool  # the host itself is gone or cut off: the run may go on without it (--min-hosts)
     regrow: list[int]  # not a failure: hosts left out are back, the generation ends (regrow.py)
+    store_lost: bool  # the run's store is gone with its host: another may take over (failover.py)
+    cut_off: bool  # the store's host lost every other host at once: it steps down (failover.py)
 
 
 # A rank's own verdict that a restart would fail the same way (trainer.runner's exit codes):

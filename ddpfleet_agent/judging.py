@@ -102,8 +102,15 @@ class Judging:
         return "failed", code
 
     def _check(self, now: float) -> Failure | None:
-        """A failure this agent sees while its command runs, or None (failures.py's rules)."""
+        """A failure this agent sees while its command runs, or None (failures.py's rules).
+        The store's host that lost every other host at once is cut off, whatever its own ranks
+        do: where enough hosts are left the others go on without it (failover.py)."""
         cfg = self.cfg
+        members = len(self.peers.members)
+        silent = self.peers.silent(now, cfg.peer_timeout)
+        gone = failures.host_problem(silent, members, cfg.node_rank, cfg.peer_timeout)
+        if gone is not None and gone[0] == cfg.node_rank and self._may_step_down(members):
+            return {**self._failure(gone[0], None, None, gone[1]), "cut_off": True}
         beats = rank_views(self.ranks.heartbeats(), now)
         frozen = failures.rank_problem(beats, cfg.heartbeat_timeout, cfg.stop_timeout)
         if frozen is not None:
@@ -113,10 +120,16 @@ class Judging:
         )
         if hang is not None:
             return hang
-        silent = self.peers.silent(now, cfg.peer_timeout)
-        members = len(self.peers.members)
-        gone = failures.host_problem(silent, members, cfg.node_rank, cfg.peer_timeout)
         if gone is not None:
             return self._failure(gone[0], None, None, gone[1], gone=gone[0] != cfg.node_rank)
         late = failures.runtime_problem(self.attempts[0]["started"], now, cfg.max_runtime)
         return self._regrow(now) if late is None else self._failure(cfg.node_rank, None, None, late)
+
+    def _may_step_down(self, members: int) -> bool:
+        """This host serves the store, and another may take over with enough hosts left."""
+        cfg = self.cfg
+        return (
+            self.peers.leads
+            and cfg.can_fail_over
+            and not failures.too_few(members - 1, cfg.min_hosts)
+        )

@@ -17,9 +17,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ddpfleet_agent.store import StoreClient
+
 if TYPE_CHECKING:
     from ddpfleet_agent.cli import AgentConfig
-    from ddpfleet_agent.store import StoreClient
+    from ddpfleet_agent.store import StoreServer
+
+PROBE_S = 2.0  # how long a host looking for the run's store waits for one host's answer
 
 
 class StoreLost(RuntimeError):
@@ -33,6 +37,11 @@ class StoreGone(StoreLost):
 class Membership:
     cfg: AgentConfig
     store: StoreClient | None
+    server: StoreServer | None
+    leader: int
+    leads: bool
+    address: Callable
+    _shaped: Callable
     members: list[int]
     generation: int
     views: dict[int, dict]
@@ -65,18 +74,19 @@ class Membership:
 
         def decision() -> dict | None:
             self._keepalive()
-            if not self.cfg.is_server:
+            if not self.leads:
                 return self._get(decided)
             ready = [n for n in expected if self._get(self._scoped(f"ready/{n}")) is not None]
             if len(ready) < len(expected) and time.time() <= deadline:
                 return None
             said = {"nodes": ready, "missing": [n for n in expected if n not in ready]}
             self._set(decided, said)
+            self._set("leader", {"node": self.cfg.node_rank, "generation": generation})
             return said
 
         while (said := self._guarded(decision)) is None:
             if time.time() > deadline + self.cfg.peer_timeout:
-                raise StoreLost(f"node rank 0 did not say who restarts within {within:.0f}s")
+                raise StoreLost(f"the store's host did not say who restarts within {within:.0f}s")
             time.sleep(self.cfg.tick)
         now = time.time()  # the keepalives count again from here
         self.seen = {node: (count, now) for node, (count, _) in self.seen.items()}
@@ -103,23 +113,94 @@ class Membership:
         return True
 
     def reconnect(self) -> bool:
-        """Connect to the store again (this host was cut off or left out); False while it
-        cannot be reached, StoreGone when it refuses (the run is over)."""
-        try:
-            probe = socket.create_connection(
-                (self.cfg.store_host, self.cfg.store_port), timeout=min(5.0, self.cfg.peer_timeout)
-            )
-        except ConnectionRefusedError:
-            raise StoreGone(f"{self.cfg.store_host}:{self.cfg.store_port} refuses") from None
-        except OSError:
+        """Connect to the run's store again (this host was cut off or left out, or its agent
+        started again): the newest generation's among the stores the other hosts serve whose
+        sealed ``leader`` record names their own host (node rank 0's alone without
+        ``--addresses``). False while none answers; StoreGone when every one refuses (no agent
+        of the run serves one: the run is over)."""
+        found = self.stores()
+        if not found:
             return False
-        probe.close()
-        self._broken = ""
+        self._drop()
+        self.leader = max(found, key=lambda n: (found[n], -n))
         try:
             self._guarded(self._open)
         except StoreLost:
             return False
         return True
+
+    def stores(self) -> dict[int, int]:
+        """The stores the other hosts serve (node rank 0's alone without ``--addresses``) that
+        hold a sealed ``leader`` record naming their own host: {node: its generation}.
+        StoreGone when every one refuses (no agent of the run serves a store)."""
+        found: dict[int, int] = {}
+        others = [n for n in range(len(self.cfg.hosts)) if n != self.cfg.node_rank]
+        candidates = others if self.cfg.addresses else [0]
+        refused = 0
+        for node in candidates:
+            said = self._probe(node)
+            refused += said == "refused"
+            if isinstance(said, dict) and said["node"] == node:
+                found[node] = said["generation"]
+        if refused == len(candidates):
+            raise StoreGone(f"no host of the run serves its store (port {self.cfg.store_port})")
+        return found
+
+    def _probe(self, node: int) -> dict | str | None:
+        """The sealed ``leader`` record of the store at ``node``'s address; "refused" when
+        nothing listens there, None when it does not answer or holds none."""
+        address = (self.address(node), self.cfg.store_port)
+        wait = min(PROBE_S, self.cfg.peer_timeout)
+        try:
+            socket.create_connection(address, timeout=wait).close()
+        except ConnectionRefusedError:
+            return "refused"
+        except OSError:
+            return None
+        try:
+            client = StoreClient(*address, wait)
+        except OSError:
+            return None
+        try:
+            raw = client.get("leader") if client.check(["leader"]) else None
+        except (OSError, RuntimeError):
+            return None
+        finally:
+            client.close()
+        return self._shaped("leader", raw) if raw else None
+
+    def _drop(self) -> None:
+        """Close this agent's store (when it serves one) and its connection."""
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        self._broken = ""
+
+    # --- the store's host lost: another host takes over (failover.py) -----------------------
+    def take_over(self, generation: int) -> None:
+        """Serve the run's store from this host, from ``generation`` on."""
+        self._drop()
+        self.leader, self.generation = self.cfg.node_rank, generation
+        self._guarded(self._open)
+
+    def follow(self, node: int, within: float) -> None:
+        """Connect to the store ``node``'s agent serves from now on (it took over), trying for
+        ``within`` s (it may still be ending its ranks); StoreLost when it does not answer."""
+        self._drop()
+        self.leader = node
+        try:
+            self.store = StoreClient(self.address(node), self.cfg.store_port, within)
+        except OSError as exc:
+            raise StoreLost(str(exc)) from None
+
+    def step_down(self) -> None:
+        """Stop serving the store: this host was cut off from every other, which go on under
+        another's; it looks for the run's store as any host left out does (``reconnect``)."""
+        self._drop()
+        self.leader = -1
 
     def ask_to_join(self) -> None:
         key = f"join/{self.cfg.node_rank}"
@@ -149,5 +230,5 @@ class Membership:
         return found if found and found["generation"] > self.generation else None
 
     def run_over(self) -> bool:
-        """Node rank 0's agent has reported its exit: no generation is to come."""
-        return self._guarded(lambda: self._get("exit/0")) is not None
+        """The store's host's agent has reported its exit: no generation is to come."""
+        return self._guarded(lambda: self._get(f"exit/{self.leader}")) is not None

@@ -49,6 +49,17 @@ class Peers(Membership):
         self.beats = 0  # this host's keepalive count
         self.generation = 0  # starts of the command before this one's (restarts.py)
         self.members = list(range(self.n))  # the node ranks of this generation's hosts
+        self.leader = 0  # the node rank whose agent serves the store (failover.py); -1: unknown
+
+    @property
+    def leads(self) -> bool:
+        """This host's agent serves the run's store: it decides for the run and writes its
+        records (node rank 0's, until another host took over)."""
+        return self.leader == self.cfg.node_rank
+
+    def address(self, node: int) -> str:
+        """The cluster address of a host (node rank 0's is --store's without --addresses)."""
+        return self.cfg.addresses[node] if self.cfg.addresses else self.cfg.store_host
 
     def _scoped(self, key: str) -> str:
         """The key of this generation (the first one's have no suffix)."""
@@ -79,8 +90,12 @@ class Peers(Membership):
         return box.get("value")
 
     def connect(self) -> None:
-        """Read the run's secret (at most peer_timeout: it is on the shared storage), then
-        connect to the store (node rank 0 serves it)."""
+        """Read the run's secret, then connect to the store (its host's agent serves it)."""
+        self.read_key()
+        self._open()
+
+    def read_key(self) -> None:
+        """Read the run's secret (at most peer_timeout: it is on the shared storage)."""
         path = Path(self.cfg.key_file)
         try:
             self.key = self._guarded(lambda: path.read_bytes().strip())  # type: ignore[assignment]
@@ -91,19 +106,22 @@ class Peers(Membership):
             raise StoreLost(why) from None
         if len(self.key) < 32:
             raise StoreLost(f"the run's key {path} is shorter than 32 bytes")
-        self._open()
 
     def _open(self) -> None:
-        """A new connection to the store (node rank 0: serve it first, once)."""
-        host, port = self.cfg.store_host, self.cfg.store_port
+        """A new connection to the store (its host's agent: serve it first, once, with the
+        sealed ``leader`` record that tells a host looking for the run's store it is this)."""
+        host, port = self.address(self.leader), self.cfg.store_port
         try:
-            if self.cfg.is_server and self.server is None:
+            serve = self.leads and self.server is None
+            if serve:
                 self.server = StoreServer(host, port)
             if self.store is not None:
                 self.store.close()
             self.store = StoreClient(host, port, self.cfg.peer_timeout)
         except OSError as exc:
             raise StoreLost(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+        if serve:
+            self._set("leader", {"node": self.cfg.node_rank, "generation": self.generation})
 
     def _call(self, fn, *args):
         if self.store is None:

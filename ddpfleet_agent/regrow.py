@@ -52,11 +52,11 @@ class Regrowing:
         host left out asked to come back (a claimed failure marked ``regrow``), else None."""
         cfg, peers = self.cfg, self.peers
         everyone = len(peers.members) == len(cfg.hosts)
-        if not cfg.is_server or everyone or now - self.join_checked < ASK_EVERY:
+        if not peers.leads or everyone or now - self.join_checked < ASK_EVERY:
             return None
         self.join_checked = now
         asking = peers.joins()
-        lead = (peers.views.get(0, {}).get("ranks") or [{}])[0]
+        lead = (peers.views.get(peers.members[0], {}).get("ranks") or [{}])[0]
         saved = lead.get("saved")
         if not asking:
             self.join_wait = None
@@ -85,7 +85,7 @@ class Regrowing:
         joining = [int(n) for n in cause.get("regrow") or []]
         generation = len(self.attempts)
         self.say(f"{cause.get('reason')}: restart with every host of the run back")
-        if self.cfg.is_server:
+        if self.peers.leads:
             try:
                 self.peers.welcome(generation, joining)
             except StoreLost:
@@ -99,7 +99,7 @@ class Regrowing:
         rank 0 lets it in, and start with the others (True); False when the run ends first, on
         a stop, or when shrinking is off."""
         cfg = self.cfg
-        if not (cfg.takes_hosts_back and cfg.node_rank) or self.signum:
+        if not (cfg.takes_hosts_back and (cfg.node_rank or cfg.can_fail_over)) or self.signum:
             return False
         if self.store_ok and not self.left_out:
             return False
@@ -109,7 +109,7 @@ class Regrowing:
             if again
             else "out of the run: its ranks are ended; it asks to come back until the run ends"
         )
-        said = self._welcome_back()
+        said = self._welcome_back(again)
         if said is None:
             return False
         self.peers.members = list(said["nodes"])
@@ -118,7 +118,7 @@ class Regrowing:
         self.say(f"back in the run at its generation {said['generation']}")
         return self._regroup_and_start(said["generation"], None, [])
 
-    def _welcome_back(self) -> dict | None:
+    def _welcome_back(self, again: bool = False) -> dict | None:
         """Try the store every ASK_EVERY s and ask to come back: node rank 0's answer, or None
         when the run ended first (or a stop, or the run's max_runtime)."""
         cfg = self.cfg
@@ -126,7 +126,10 @@ class Regrowing:
         connected = False
         while not self.signum and not (cfg.max_runtime and time.time() > started + cfg.max_runtime):
             try:
-                connected = connected or self.peers.reconnect()
+                if not connected and self.peers.reconnect():
+                    connected = True
+                    if again:  # it goes on from its earlier agent's keepalive and answer
+                        self.peers.ran_before()
                 if connected and self.peers.run_over():
                     return None
                 said = self.peers.welcomed() if connected else None

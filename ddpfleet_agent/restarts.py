@@ -30,9 +30,13 @@ RESTART_ENV = "DDPFLEET_RESTART"  # the generation (starts before this one), in 
 FULL_WORLD_ENV, KEPT_RANKS_ENV = "DDPFLEET_FULL_WORLD", "DDPFLEET_KEPT_RANKS"
 
 
-def regrouped(command: list[str], nnodes: int, node_rank: int) -> list[str]:
-    """The command with torchrun's ``--nnodes`` and ``--node-rank`` for a new membership:
-    torchrun's own options (``--name=value``, as launch.yml writes them, up to the program)."""
+def regrouped(
+    command: list[str], nnodes: int, node_rank: int, master: str | None = None
+) -> list[str]:
+    """The command with torchrun's ``--nnodes`` and ``--node-rank`` for a new membership, and
+    its ``--master-addr`` where given (the first member's host: torchrun's node rank 0 serves
+    the rendezvous): torchrun's own options (``--name=value``, as launch.yml writes them, up to
+    the program)."""
     out = list(command)
     at = next((i for i, part in enumerate(out) if Path(part).name == "torchrun"), len(out))
     for i in range(at + 1, len(out)):
@@ -42,6 +46,8 @@ def regrouped(command: list[str], nnodes: int, node_rank: int) -> list[str]:
             out[i] = f"--nnodes={nnodes}"
         elif out[i].startswith("--node-rank="):
             out[i] = f"--node-rank={node_rank}"
+        elif master and out[i].startswith("--master-addr="):
+            out[i] = f"--master-addr={master}"
     return out
 
 
@@ -90,7 +96,10 @@ class Restarting:
         if self.peers.generation:  # the trainer then resumes from the newest checkpoint
             env[RESTART_ENV] = str(self.peers.generation)
         world = cfg.nproc * len(members) if cfg.world_size else None
-        self.ranks.command = regrouped(cfg.command, len(members), members.index(cfg.node_rank))
+        master = self.peers.address(members[0]) if cfg.addresses else None
+        self.ranks.command = regrouped(
+            cfg.command, len(members), members.index(cfg.node_rank), master
+        )
         if len(members) < len(cfg.hosts):
             kept = [n * cfg.nproc + local for n in members for local in range(cfg.nproc)]
             env[FULL_WORLD_ENV], env[KEPT_RANKS_ENV] = str(cfg.world_size), ",".join(map(str, kept))
@@ -110,7 +119,7 @@ class Restarting:
     def _track(self, now: float) -> None:
         """The current start's steps (node rank 0's first rank), and its heal time: from the
         failure to the first step past the one it resumed from."""
-        lead = (self.peers.views.get(0, {}).get("ranks") or [None])[0]
+        lead = (self.peers.views.get(self.peers.members[0], {}).get("ranks") or [None])[0]
         step = int((lead or {}).get("step") or 0)
         if not lead or (lead.get("phase") == "start" and not step):
             return  # not started, or not yet past its first record (before it knows its step)
@@ -177,7 +186,9 @@ class Restarting:
     ) -> bool:
         """Regroup the hosts for ``generation`` (membership.py) and start this host's ranks in
         it (True); False when this host is not in it or the run cannot go on (the failure
-        says why)."""
+        says why). The store's host that no other host came to, in a run where another may
+        take over, is the one cut off: it steps down (failover.py), left out, claiming
+        nothing."""
         cfg = self.cfg
         try:
             # the others may still be taking their forensics bundle and killing their ranks
@@ -193,6 +204,12 @@ class Restarting:
             self.left_out = True
             return False
         missing = said["missing"]
+        if missing and cfg.can_fail_over and said["nodes"] == [cfg.node_rank]:
+            self.say("no other host came to restart: it is the one cut off and stops serving "
+                     "the store")  # fmt: skip
+            self.peers.step_down()
+            self.store_ok, self.left_out = False, True
+            return False
         if missing and (not cfg.min_hosts or failures.too_few(len(said["nodes"]), cfg.min_hosts)):
             gone = self._failure(missing[0], None, None, "its agent did not come back to restart")
             self.failure = self._claim(gone)

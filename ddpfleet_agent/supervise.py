@@ -14,6 +14,7 @@ from types import FrameType
 from ddpfleet_agent import bundle
 from ddpfleet_agent.cli import AgentConfig
 from ddpfleet_agent.ending import Ending
+from ddpfleet_agent.failover import FailingOver
 from ddpfleet_agent.failures import Failure
 from ddpfleet_agent.judging import Judging
 from ddpfleet_agent.peers import Peers, StoreLost
@@ -27,7 +28,7 @@ def _stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-class Agent(Ending, Judging, Restarting, Regrowing):
+class Agent(Ending, Judging, Restarting, Regrowing, FailingOver):
     def __init__(self, cfg: AgentConfig, child_env: dict[str, str] | None = None):
         self.cfg = cfg
         self.child_env = dict(os.environ) if child_env is None else child_env
@@ -95,7 +96,10 @@ class Agent(Ending, Judging, Restarting, Regrowing):
             + " ".join(cfg.command)
         )
         try:
-            self.peers.connect()
+            self.peers.read_key()
+            moved_on = cfg.can_fail_over and self._moved_on()
+            if not moved_on:
+                self.peers.connect()
         except StoreLost as exc:
             self.failure = self._failure(
                 0,
@@ -107,7 +111,11 @@ class Agent(Ending, Judging, Restarting, Regrowing):
             return self._finish("failed", 1)
         if cfg.metrics_port and (why := self._serve_metrics()):
             self.say(why)  # the run goes on without its metrics
-        if not (cfg.node_rank and self.peers.ran_before()):
+        if moved_on:  # started again in a run that went on under another host's store
+            self.left_out = True
+            if not self._rejoined(again=True):
+                return self._finish("left out", 1)
+        elif not (cfg.node_rank and self.peers.ran_before()):
             self._start_ranks()
         elif not cfg.takes_hosts_back:  # its container was started again: the run went on
             # with its earlier ranks, which are gone, and takes no host back
@@ -120,8 +128,24 @@ class Agent(Ending, Judging, Restarting, Regrowing):
                 return self._finish("left out", 1)
         while True:
             outcome, code = self._supervise()
-            if not (self._restarted(outcome) or self._rejoined()):
+            healed = self._failed_over()  # None: the run's store was not lost
+            if healed is None:
+                healed = self._restarted(outcome) or self._rejoined()
+            if not healed:
                 return self._finish("left out" if self.left_out else outcome, code)
+
+    def _moved_on(self) -> bool:
+        """This agent starts in a run that went on under another host's store (its container
+        started again after a failover): progress.json says this attempt runs, and another
+        host's store names a later generation or another host than node rank 0."""
+        progress = self.records.progress()
+        if progress.get("attempt") != self.cfg.attempt or progress.get("state") != "running":
+            return False
+        try:
+            found = self.peers.stores()
+        except StoreLost:
+            return False
+        return any(node or generation for node, generation in found.items())
 
     def _serve_metrics(self) -> str:
         """Start the Prometheus endpoint; why not, in one line ('' when it serves)."""
@@ -144,12 +168,7 @@ class Agent(Ending, Judging, Restarting, Regrowing):
                 self.store_ok = False
                 if code == 0:
                     return "completed", 0
-                self.failure = self._failure(
-                    0,
-                    None,
-                    None,
-                    f"lost the connection to the run's store on {cfg.hosts[0]} ({exc})",
-                )
+                self.failure = self._store_lost(exc)
                 self._end_ranks(self.failure)
                 return "failed", 1
             if failure is not None:
@@ -163,6 +182,9 @@ class Agent(Ending, Judging, Restarting, Regrowing):
             self._track(now)
             self._progress(now)
             problem = self._check(now)
+            if problem is not None and problem.get("cut_off") and cfg.can_fail_over:
+                self._step_down(problem)
+                return "failed", 1
             if problem is not None:
                 self.failure = self._claim(problem)
                 self._end_ranks(self.failure)

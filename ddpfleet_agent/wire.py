@@ -63,6 +63,7 @@ SHAPES: dict[str, Callable[[dict], bool]] = {
         and isinstance(v.get("nodes"), list)
         and all(type(n) is int for n in v["nodes"])
     ),
+    "leader": lambda v: type(v.get("node")) is int and type(v.get("generation")) is int,
     "members": lambda v: all(
         isinstance(v.get(k), list) and all(type(n) is int for n in v[k])
         for k in ("nodes", "missing")

@@ -229,9 +229,9 @@ class _Lead(Regrowing):
     the lead rank's heartbeat at `saved` of `total` steps."""
 
     def __init__(self, saved: int, total: int) -> None:
-        self.cfg = SimpleNamespace(is_server=True, hosts=["h0", "h1", "h2"], host="h0")
+        self.cfg = SimpleNamespace(hosts=["h0", "h1", "h2"], host="h0")
         self.peers = SimpleNamespace(
-            members=[0, 1], joins=lambda: [2],
+            members=[0, 1], joins=lambda: [2], leads=True,
             views={0: {"ranks": [{"saved": saved, "total_steps": total}]}},
         )  # fmt: skip
         self.said: list[str] = []

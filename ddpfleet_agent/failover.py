@@ -1,0 +1,109 @@
+"""Losing the host of the run's store (node rank 0's, or the host that took over since): another
+host takes over, with no controller.
+
+The ``FailingOver`` part of ``supervise.Agent``. With ``--addresses`` and a run that may shrink
+(``--min-hosts`` and ``--restarts``), the run has no host it cannot lose. When the agents lose
+the store (its host cut off, its container or machine gone), each ends its ranks; the
+lowest-ranked member left serves a new store on its own address (the same port), the others
+connect to it, and they regroup there in the next generation without the lost host and start
+again from the newest checkpoint, torchrun's master on the first member's host. Each store
+holds a sealed ``leader`` record (its host and generation): a host looking for the run (left
+out, cut off, its container started again) finds the newest by asking the other hosts' stores
+(``Membership.reconnect``), and rejoins at a checkpoint as any host does (regrow.py).
+
+A host cut off from every other cannot tell that from every other host being lost. The host
+that would lead alone while others were expected steps down (its store holds no run) and looks
+for the run's store as a host left out does; so does the lost store's host, which finds every
+other host silent. When too few hosts are left (``--min-hosts``) or no restart is left, the run
+fails, naming the lost host.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ddpfleet_agent import failures
+from ddpfleet_agent.membership import StoreLost
+from ddpfleet_agent.ranks import KILL_WAIT
+from ddpfleet_agent.records import cause_line
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ddpfleet_agent.cli import AgentConfig
+    from ddpfleet_agent.failures import Failure
+    from ddpfleet_agent.peers import Peers
+    from ddpfleet_agent.ranks import LocalRanks
+    from ddpfleet_agent.records import Records
+
+
+class FailingOver:
+    cfg: AgentConfig
+    peers: Peers
+    ranks: LocalRanks
+    records: Records
+    failure: Failure | None
+    store_ok: bool
+    signum: int
+    left_out: bool
+    causes: list[Failure]
+    restarts: int
+    say: Callable[[str], None]
+    _regroup_and_start: Callable[..., bool]
+    _rejoined: Callable[..., bool]
+
+    def _store_lost(self, exc: Exception) -> Failure:
+        """The failure of losing the store: its host, gone when another may take over."""
+        node, why = self.peers.leader, f"({exc})"
+        reason = f"lost the connection to the run's store on {self.cfg.hosts[node]} {why}"
+        found = self._failure(node, None, None, reason, gone=self.cfg.can_fail_over)  # type: ignore[attr-defined]
+        return {**found, "store_lost": True}
+
+    def _failed_over(self) -> bool | None:
+        """After the run's store was lost: go on under another host's (True), or end (False:
+        the failure says why, naming the lost host). None when the store was not lost, or
+        this host cannot take part in a failover (no addresses, shrinking off)."""
+        cfg, peers, cause = self.cfg, self.peers, self.failure
+        if not (cause and cause.get("store_lost") and cfg.can_fail_over) or self.signum:
+            return None
+        lost = peers.leader
+        left = [n for n in peers.members if n != lost]
+        why = failures.restart_refusal(
+            {**cause, "node_rank": -1}, self.causes, cfg.restarts,
+            members=len(peers.members), min_hosts=cfg.min_hosts,
+        )  # fmt: skip
+        if why is not None or not left:
+            self.failure = {**cause, "reason": f"{cause.get('reason')}; {why}"} if why else cause
+            return False
+        self.ranks.kill_all()
+        self.ranks.wait_output()
+        self.causes.append(cause)
+        generation, new = peers.generation + 1, left[0]
+        self.say(
+            f"restart {self.restarts} of {cfg.restarts} without {cfg.hosts[lost]} from the newest "
+            f"checkpoint, the run's store now on {cfg.hosts[new]}, after: "
+            f"{cause_line(cfg.run_id, cause)}"
+        )
+        try:
+            if new == cfg.node_rank:
+                peers.take_over(generation)
+            else:  # it may still be ending its ranks (forensics, then the kill)
+                peers.follow(new, cfg.peer_timeout + cfg.dump_timeout + KILL_WAIT)
+        except StoreLost as exc:
+            self.say(f"{cfg.hosts[new]} does not serve the run's store ({exc})")
+            self.left_out = True  # it looks for the run as a host left out does
+            return self._rejoined()
+        self.store_ok = True
+        if self._regroup_and_start(generation, cause, [lost]):
+            return True
+        return self._rejoined() if self.left_out else False
+
+    def _step_down(self, problem: Failure) -> None:
+        """This host serves the store and every other fell silent at once: it is the one cut
+        off, and the others go on under a new store's host. End the ranks, stop serving (no
+        failure is claimed) and look for the run's store as a host left out does."""
+        self.say(f"{problem.get('reason')}: it ends its ranks and stops serving the store")
+        self.ranks.kill_all()
+        self.ranks.wait_output()
+        self.peers.step_down()
+        self.failure, self.store_ok, self.left_out = problem, False, True

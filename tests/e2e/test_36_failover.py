@@ -1,0 +1,163 @@
+"""Node rank 0's host lost, caused for real in the sandbox (ddpfleet_agent/failover.py).
+
+- node2 is node rank 0 (train_master_host=node2: it serves neither the NFS export nor the
+  registry, which are node1's). While the run trains, a client on node1 without the run's
+  secret throws malformed frames and values at the agents' store on node2; the run goes on.
+  Then node2 is cut off from its peers (DROP rules in its own netfilter tables, as in
+  test_35): node1 serves a new store, node1 and node3 restart without node2 from the newest
+  checkpoint with the same global batch, status.yml finds the run from another host while
+  node2's storage does not answer, and node2, reconnected, rejoins at a checkpoint; the run
+  completes with every host.
+- Where too few hosts are left (train_min_hosts=3), losing node rank 0's host (its container
+  killed) fails the run within the peer timeout + 60 s, naming the host, and no container of
+  the run is left.
+Cost: two runs, ~4 min on a 2-core host.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from typing import Any
+
+import pytest
+from site_fixtures import run_site
+from test_30_train import run_file, run_id, summary, wait_for
+from test_35_faults import PEER_TIMEOUT, drop_peers, launch, wait_attempts, wait_gone
+from time_bounds import within
+
+# A store client without the run's secret, from another node: frames that are no JSON, one
+# whose length lies, a JSON nest deeper than the parser's recursion limit, unsigned values under
+# the agents' keys, keys no agent writes, idle connections. Every answer is ignored.
+HOSTILE = r"""
+import base64, json, socket, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+def conn():
+    return socket.create_connection((host, port), timeout=5)
+def frame(s, body):
+    s.sendall(len(body).to_bytes(4, "big") + body)
+def ask(req):
+    try:
+        with conn() as s:
+            frame(s, json.dumps(req).encode())
+            s.settimeout(5)
+            s.recv(65536)
+    except OSError:
+        pass
+deep = base64.b64encode(b"[" * 200000).decode()
+for key in ("stop", "failure", "alive/1", "ranks/2", "join/1", "exit/0", "leader", "junk/9"):
+    ask({"op": "set", "key": key, "value": deep})
+    forged = base64.b64encode(b'{"v": {"by": "x"}, "mac": "0"}').decode()
+    ask({"op": "set", "key": key, "value": forged})
+for body in (b"not json", b"[1, 2]", b'{"op": "compare_set", "key": "stop"}'):
+    try:
+        with conn() as s:
+            frame(s, body)
+    except OSError:
+        pass
+idle = []
+for _ in range(50):
+    try:
+        s = conn()
+        s.sendall((4 << 20).to_bytes(4, "big") + b"{")  # a 4 MiB frame begun, never finished
+        idle.append(s)
+    except OSError:
+        break
+time.sleep(3)
+print(f"hostile: {len(idle)} half-sent frames held")
+"""
+
+
+@pytest.fixture(scope="module")
+def leader_lost(cluster: Any) -> dict:
+    rid = run_id("leader")
+    store_node, victim, third = cluster.nodes  # node1 (NFS, registry), node2, node3
+    launch(cluster, rid, "-e", f"train_master_host={victim.name}",
+           "-e", f"train_peer_timeout={PEER_TIMEOUT}", "-e", "train_min_hosts=2",
+           "-e", "train_restarts=2", "-e", "train_max_steps=45", "-e", "train_checkpoint_every=5",
+           "-e", "train_image_size=128")  # fmt: skip
+    host, port = json.loads(run_file(cluster, rid, "config.json"))["agent_store"].rsplit(":", 1)
+    script = base64.b64encode(HOSTILE.encode()).decode()
+    hostile = cluster.ssh(store_node, f"echo {script} | base64 -d | python3 - {host} {port}", 60)
+    wait_for(cluster, rid, None, step=6)
+    drop_peers(cluster, victim, "-I")
+    cut_at = time.time()
+    try:
+        attempts = wait_attempts(cluster, rid, 2, timeout=PEER_TIMEOUT + 30 + 60)
+        went_on = time.time() - cut_at
+        print(f"\nnode rank 0's host cut off -> the run trained on without it: {went_on:.1f} s")
+        status = run_site(cluster, "-e", f"run_id={rid}", playbook="status.yml")
+    finally:
+        drop_peers(cluster, victim, "-D")
+    back = wait_attempts(cluster, rid, 3)[2]
+    print(f"node rank 0's host back -> first step with it: {back['heal_sec']} s")
+    wait_gone(cluster, rid, 300)
+    data = summary(cluster, rid)
+    return {"rid": rid, "victim": victim, "went_on": went_on, "status": status,
+            "hostile": hostile, "summary": data, "shrunk": attempts[1],
+            "hosts": [n.name for n in cluster.nodes], "third": third}  # fmt: skip
+
+
+def test_a_hostile_store_client_does_not_end_the_run(leader_lost: dict) -> None:
+    assert leader_lost["hostile"].returncode == 0, leader_lost["hostile"].stderr
+    assert leader_lost["summary"]["status"] == "completed", leader_lost["summary"].get("cause")
+
+
+def test_losing_node_rank_0_s_host_heals_within_peer_timeout_and_30_s(leader_lost: dict) -> None:
+    assert leader_lost["went_on"] <= within(PEER_TIMEOUT + 30)
+    shrunk, victim = leader_lost["shrunk"], leader_lost["victim"].name
+    assert shrunk["cause"].startswith(
+        f"run {leader_lost['rid']} failed: host {victim} rank 0: lost the connection to the "
+        f"run's store on {victim}"
+    ), shrunk
+    assert victim not in shrunk["hosts"]
+    assert shrunk["world_size"] == 2
+
+
+def test_the_global_batch_stays_the_same_under_the_new_store_s_host(leader_lost: dict) -> None:
+    first, shrunk = leader_lost["summary"]["attempts"][:2]
+    assert first["global_batch"] == shrunk["global_batch"] == sum(shrunk["shares"])
+
+
+def test_status_finds_the_run_while_node_rank_0_s_host_is_cut_off(leader_lost: dict) -> None:
+    status = leader_lost["status"]
+    assert status.rc == 0, status.tail()
+    assert f"run {leader_lost['rid']}: running" in status.stdout, status.tail()
+
+
+def test_node_rank_0_s_host_rejoins_and_the_run_completes_with_every_host(
+    leader_lost: dict,
+) -> None:
+    data, victim = leader_lost["summary"], leader_lost["victim"].name
+    assert (data["status"], data["steps"]) == ("completed", 45), data.get("cause")
+    back = data["attempts"][2]
+    assert back["cause"].startswith(f"{victim} back: rejoined at the checkpoint of step "), back
+    assert sorted(back["hosts"]) == sorted(leader_lost["hosts"])
+    assert back["world_size"] == 3
+
+
+@pytest.fixture(scope="module")
+def leader_lost_for_good(cluster: Any) -> dict:
+    rid = run_id("leaderfinal")
+    victim = cluster.nodes[1]
+    launch(cluster, rid, "-e", f"train_master_host={victim.name}",
+           "-e", f"train_peer_timeout={PEER_TIMEOUT}", "-e", "train_min_hosts=3",
+           "-e", "train_restarts=2")  # fmt: skip
+    kill = cluster.ssh(victim, f"docker kill ddpfleet-{rid}-{victim.name}")
+    assert kill.returncode == 0, kill.stderr
+    took = wait_gone(cluster, rid, PEER_TIMEOUT + 60)
+    print(f"\nnode rank 0's host lost, too few left -> every container gone: {took:.1f} s")
+    return {"rid": rid, "victim": victim, "took": took, "summary": summary(cluster, rid)}
+
+
+def test_losing_node_rank_0_s_host_with_too_few_left_ends_in_bounded_time_naming_it(
+    leader_lost_for_good: dict,
+) -> None:
+    data, victim = leader_lost_for_good["summary"], leader_lost_for_good["victim"].name
+    assert leader_lost_for_good["took"] <= within(PEER_TIMEOUT + 60)
+    assert data["status"] == "failed", data
+    assert data["cause"].startswith(
+        f"run {leader_lost_for_good['rid']} failed: host {victim} rank 0: "
+    ), data["cause"]
+    assert data["cause"].endswith("not restarted: 2 host(s) left, train_min_hosts is 3"), data

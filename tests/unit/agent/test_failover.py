@@ -1,0 +1,109 @@
+"""Losing the host of the run's store (``--addresses``, failover.py): real agents on loopback,
+each host on an address of its own (127.0.0.1-3, one port), lose node rank 0's agent for real
+(SIGKILL, or frozen as when cut off) and go on under another host's store."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ddpfleet_agent.cli import BadAgentInput, parse_args
+from ddpfleet_agent.restarts import regrouped
+
+ADDRESSES = "127.0.0.1,127.0.0.2,127.0.0.3"
+SHRINKS = {"min-hosts": 2, "world-size": 3, "addresses": ADDRESSES}
+
+
+def completed_summary(c) -> None:
+    """What trainer rank 0 leaves behind at the end of the last start (fake ranks write none)."""
+    (c.run_dir / "summary.json").write_text(json.dumps({"status": "completed", "world_size": 2}))
+
+
+def test_node_rank_0_s_host_killed_the_next_host_serves_the_store_and_the_run_completes(cluster):
+    c = cluster(3, restarts=1, **SHRINKS)
+    completed_summary(c)
+    c.start({0: "run:60", 1: "run:60", 2: "run:60", "1_R1": "run:3", "2_R1": "run:3"})
+    c.heartbeat_ready(0, step=3)
+    c.kill_host(0)
+    assert c.wait(60)[1:] == [0, 0], c.output()
+    progress = c.json("progress.json")  # written by h1's agent, the store's host from then on
+    assert (progress["status"], progress["restarts"]) == ("completed", 1), progress
+    first, second = progress["attempts"]
+    assert (first["hosts"], second["hosts"]) == (c.hosts, ["h1", "h2"])
+    assert second["world_size"] == 2
+    assert second["cause"].startswith("run t1 failed: host h0 rank 0: lost the connection to the"
+                                      " run's store on h0"), second  # fmt: skip
+    assert 0 < second["heal_sec"] < 20, second  # from the loss seen to the first step again
+    assert progress["hosts"]["h0"] == "left out"
+    for host in ("h1", "h2"):
+        log = (c.run_dir / "nodes" / f"{host}.log").read_text()
+        assert (
+            "restart 1 of 1 without h0 from the newest checkpoint, the run's store now on h1" in log
+        )
+    summary = c.json("summary.json")
+    assert (summary["status"], len(summary["attempts"])) == ("completed", 2)
+
+
+def test_node_rank_0_s_host_cut_off_steps_down_and_rejoins_at_a_checkpoint(cluster):
+    """h0 frozen past the peer timeout, as when cut off: h1 serves the store and h1, h2 go on;
+    h0's agent, running again, finds every other host silent, stops serving its store, finds
+    h1's and is taken back at the next checkpoint; all three complete."""
+    c = cluster(3, restarts=1, **SHRINKS)
+    completed_summary(c)
+    c.start({0: "run:60", 1: "run:60", 2: "run:60", "1_R1": "run:60", "2_R1": "run:60",
+             "0_R2": "run:5", "1_R2": "run:5", "2_R2": "run:5"})  # fmt: skip
+    c.heartbeat_ready(0, step=3)
+    c.freeze_host(0, 10)
+    assert c.wait(120) == [0, 0, 0], c.output()
+    progress = c.json("progress.json")
+    hosts = [a["hosts"] for a in progress["attempts"]]
+    assert hosts == [c.hosts, ["h1", "h2"], c.hosts], progress["attempts"]
+    assert progress["attempts"][2]["cause"].startswith("h0 back: rejoined at the checkpoint")
+    assert progress["status"] == "completed"
+    log = (c.run_dir / "nodes" / "h0.log").read_text()
+    assert "stops serving the store" in log
+    assert "back in the run at its generation 2" in log
+
+
+def test_node_rank_0_s_host_lost_with_too_few_left_fails_the_run_naming_it(cluster):
+    c = cluster(3, restarts=2, **{**SHRINKS, "min-hosts": 3})
+    c.start({0: "run:60", 1: "run:60", 2: "run:60"})
+    c.heartbeat_ready(0, step=3)
+    c.kill_host(0)
+    codes = c.wait(4 + 60)  # within the peer timeout + 60 s
+    assert all(code != 0 for code in codes[1:]), c.output()
+    summary = c.json("summary.json")
+    assert summary["status"] == "failed"
+    assert summary["cause"].startswith("run t1 failed: host h0 rank 0: lost the connection"), (
+        summary
+    )
+    assert summary["cause"].endswith("not restarted: 2 host(s) left, train_min_hosts is 3")
+
+
+def test_regrouped_names_the_first_member_s_host_as_torchrun_s_master():
+    cmd = ["torchrun", "--nnodes=3", "--node-rank=2", "--master-addr=10.0.0.1",
+           "--master-port=29500", "-m", "trainer", "--master-addr=kept"]  # fmt: skip
+    assert regrouped(cmd, 2, 1, "10.0.0.2") == [
+        "torchrun", "--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.2",
+        "--master-port=29500", "-m", "trainer", "--master-addr=kept",
+    ]  # fmt: skip
+    assert regrouped(cmd, 2, 1)[3] == "--master-addr=10.0.0.1"  # no addresses: left alone
+
+
+BASE = ["--run-dir=/r", "--run-id=r", "--host=a", "--node-rank=0", "--hosts=a,b",
+        "--store=10.0.0.1:1", "--key-file=/k"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("addresses", "expected"),
+    [(None, []), ("10.0.0.1,10.0.0.2", ["10.0.0.1", "10.0.0.2"]), ("[::1],[::2]", ["::1", "::2"])],
+)
+def test_addresses_are_read_in_node_rank_order(addresses, expected):
+    extra = [f"--addresses={addresses}"] if addresses else []
+    assert parse_args([*BASE, *extra, "--", "true"]).addresses == expected
+
+
+def test_addresses_must_name_every_host():
+    with pytest.raises(BadAgentInput, match="--addresses names 1 hosts, --hosts 2"):
+        parse_args([*BASE, "--addresses=10.0.0.1", "--", "true"])
