@@ -44,15 +44,15 @@ def write_trainer_summary(run_dir: Path, summary: dict) -> Path:
 
 
 def merge_base(run_dir: Path, attempt: str | None, program: bool) -> dict:
-    """What the agent's summary starts from: a user program's summary.json (any attempt's:
-    ``merge`` drops an earlier attempt's outcome); else the trainer's part, or, when node rank
-    0's agent took it already, the summary.json of this attempt (a stand-in ends after it)."""
+    """What the agent's summary starts from: the trainer's part, or, when node rank 0's agent
+    took it already, the summary.json of this attempt (a stand-in ends after it). For a user's
+    program, the summary.json there (keys the program wrote, or an earlier attempt's: ``merge``
+    drops its outcome), with a part over it should the program have run ddpfleet's trainer."""
+    part, written = read_json(run_dir / TRAINER_PART), read_json(run_dir / SUMMARY)
     if program:
-        return read_json(run_dir / SUMMARY)
-    part = read_json(run_dir / TRAINER_PART)
+        return {**written, **part}
     if part:
         return part
-    written = read_json(run_dir / SUMMARY)
     return written if attempt and written.get("attempt") == attempt else {}
 
 

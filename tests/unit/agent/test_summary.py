@@ -194,6 +194,7 @@ def test_merge_base_is_the_part_else_this_attempt_s_summary(tmp_path: Path) -> N
     assert merge_base(tmp_path, "a2", program=False)["status"] == "failed"
     (tmp_path / TRAINER_PART).write_text(json.dumps(PART))
     assert merge_base(tmp_path, "a2", program=False) == PART
+    assert merge_base(tmp_path, "a2", program=True) == {**PART, "attempt": "a2"}
 
 
 @pytest.mark.parametrize("agent", [True, False], ids=["under-an-agent", "standalone"])
