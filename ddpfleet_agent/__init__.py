@@ -20,8 +20,9 @@ only: the agent imports no torch) at ``--store``; every agent connects to it. Ea
 - on SIGTERM/SIGINT asks every agent through the store to stop: each signals its ranks (which
   checkpoint and exit) and escalates to SIGKILL itself after ``--stop-timeout``;
 - writes ``nodes/<host>.exit``; node rank 0 (or, when it is gone, the hosts that lost it)
-  writes a failure into ``summary.json`` (``records.py``: the one module that writes that file,
-  the trainer's part too) and keeps ``progress.json`` current; its last
+  writes ``summary.json`` once, at the run's end: the trainer's part of it
+  (``summary.trainer.json``), the run's outcome and attempts (``summary.py``); node rank 0
+  keeps ``progress.json`` current; its last
   ``progress.json`` has the run's ``status`` (completed, stopped or failed, from every host's
   exit: what train.yml and status.yml read), after ``report.txt`` and ``report.png`` of a
   completed run (``ddpfleet_agent.report``; ``--straggler-ratio``).

@@ -116,8 +116,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--program",
         default="",
-        help="the user program the command runs (not ddpfleet's trainer, which writes its own "
-        "summary.json): node rank 0 records status, wall time, exit codes and log tails for it",
+        help="the user program the command runs (not ddpfleet's trainer, which hands over its "
+        "part of summary.json): node rank 0 records status, wall time, exit codes and log tails "
+        "for it",
     )
     p.add_argument(
         "--world-size",

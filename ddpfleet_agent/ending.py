@@ -128,6 +128,7 @@ class Ending:
                     self.records.write_failure(
                         cfg.run_id, cfg.attempt, self.failure, cfg.log_tail_lines
                     )
+                    self.records.write_attempts(self.attempts, self.restarts, keep_part=True)
                 self._stand_in_for_rank0(before)
         elif outcome == "stopped" and self.peers.leads and self.escalated:
             self.records.write_stopped(cfg.attempt)

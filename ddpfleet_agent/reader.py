@@ -32,8 +32,9 @@ import sys
 import time
 
 NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-WATCHED = ("config.json", "summary.json", "progress.json", "metrics.jsonl", "report.txt",
-           "report.png", "agent.key", "nodes", "logs", "checkpoints", "code", "lib")  # fmt: skip
+WATCHED = ("config.json", "summary.json", "summary.trainer.json", "progress.json",
+           "metrics.jsonl", "report.txt", "report.png", "agent.key", "nodes", "logs",
+           "checkpoints", "code", "lib")  # fmt: skip
 WALKED = ("nodes", "lib")  # every entry below these, to this depth
 DEPTH = 6
 CHECKPOINT = re.compile(r"step-\d{9}\.pt")  # trainer.checkpoint.NAME

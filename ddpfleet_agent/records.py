@@ -1,6 +1,6 @@
-"""What the agent writes in the run directory, off the supervision loop's thread, and the
-one writer of ``summary.json``: the trainer's rank 0 writes its summary through
-``write_trainer_summary``; the agent merges a run's outcome into it (``Records``).
+"""What the agent writes in the run directory, off the supervision loop's thread: its log and
+exit record, progress.json, the report, and summary.json, once, at the run's end (what goes in
+it, and the trainer's part of it: ``summary.py``).
 
 Shared storage can stall (a hard NFS mount blocks): every agent write goes through one writer
 thread, so supervision never waits on it; ``flush`` waits a bounded time at the end, and a read
@@ -21,17 +21,11 @@ from pathlib import Path
 from ddpfleet_agent.files import (
     STORAGE_READ_TIMEOUT,
     append_line,
-    read_json,
     read_json_within,
     tail_lines,
     write_json_atomic,
 )
-
-
-def write_trainer_summary(run_dir: Path, summary: dict) -> None:
-    """The trainer's summary.json (rank 0, at the end of a run), written whole, on one line;
-    the agents then merge the run's outcome into it."""
-    write_json_atomic(Path(run_dir) / "summary.json", summary, indent=None)
+from ddpfleet_agent.summary import SUMMARY, TRAINER_PART, merge, merge_base
 
 
 def cause_line(run_id: str, failure: dict) -> str:
@@ -63,6 +57,7 @@ class Records:
         self.pending_progress = False
         self.read_timeout = read_timeout
         self.storage_silent = False  # a read timed out: no more reads of the shared storage
+        self.ending: dict = {}  # what summary.json will say of the run's end (write_attempts)
 
     def _work(self) -> None:
         while True:
@@ -138,7 +133,7 @@ class Records:
         self.submit(job)
 
     def summary(self) -> dict:
-        return self._read("summary.json")
+        return self._read(SUMMARY)
 
     def progress(self) -> dict:
         return self._read("progress.json")
@@ -177,88 +172,60 @@ class Records:
         tail_count: int,
         diagnosis: str | None = None,
     ) -> None:
-        """Mark summary.json failed with the root cause (keeping what the trainer wrote) and,
-        where the ranks were dumped, the diagnosis (where each was: forensics/<attempt>/)."""
-
-        def job() -> None:
-            path = self.run_dir / "summary.json"
-            summary = read_json(path)
-            failure_rec = dict(failure)
-            rank = failure.get("rank")
-            tail = (
-                tail_lines(self.run_dir / "logs" / f"rank-{rank}.log", tail_count)
-                if rank is not None
-                else []
-            )
-            if not tail:
-                tail = tail_lines(self.nodes / f"{failure.get('host')}.log", tail_count)
-            failure_rec["log_tail"] = tail
-            summary.update(
-                status="failed",
-                failure=failure_rec,
-                cause=cause_line(run_id, failure),
-                attempt=attempt,
-            )
-            summary.pop("diagnosis", None)  # an earlier attempt's
-            if diagnosis:
-                summary["diagnosis"] = diagnosis
-            write_json_atomic(path, summary)
-
-        self.submit(job)
-
-    def write_attempts(self, attempts: list[dict], restarts: int) -> None:
-        """The run's starts (restarts.py) and how many were restarts after a failure (not a
-        host taken back: regrow.py) into the summary its last start left."""
-        rows = [dict(a) for a in attempts]
-
-        def job() -> None:
-            path = self.run_dir / "summary.json"
-            summary = read_json(path)
-            if summary:  # none: the run ended before anything wrote one
-                summary.update(attempts=rows, restarts=restarts)
-                write_json_atomic(path, summary)
-
-        self.submit(job)
+        """Note the run's root cause for its summary (``write_attempts`` writes it): the
+        failure, the failing rank's log tail (or its host's) and, where the ranks were dumped,
+        the diagnosis (where each was: forensics/<attempt>/)."""
+        cause = cause_line(run_id, failure)
+        self.ending.update(run_id=run_id, attempt=attempt, failure=dict(failure), cause=cause,
+                           diagnosis=diagnosis, tail_count=tail_count)  # fmt: skip
 
     def write_stopped(self, attempt: str) -> None:
-        """Mark summary.json stopped when the trainer could not (it was killed at escalation)."""
-
-        def job() -> None:
-            path = self.run_dir / "summary.json"
-            summary = read_json(path)
-            if (
-                summary.get("status") in ("stopped", "completed")
-                and summary.get("attempt", attempt) == attempt
-            ):
-                return
-            summary.update(
-                status="stopped", stopped_by="agent", stopped_at=time.time(), attempt=attempt
-            )
-            write_json_atomic(path, summary)
-
-        self.submit(job)
+        """Note that the agent ended a stop by killing the ranks (the trainer could not record
+        it): the summary says stopped, by the agent, unless the trainer said so itself."""
+        self.ending.update(attempt=attempt, stopped_at=time.time())
 
     def write_program_summary(
         self, run_id: str, attempt: str, outcome: str, facts: dict, tail_count: int
     ) -> None:
-        """summary.json for a user's program (which writes none of ours): the outcome unless a
-        failure of this attempt is recorded, the facts (program, world size, times, each host's
-        exit) and each host's log tail. Keys the program wrote itself are kept; an earlier
-        attempt's failure is dropped."""
+        """Note a user's program's facts (program, world size, times, each host's exit) and
+        outcome for its summary; each host's log tail goes in as it is written."""
+        program = {"outcome": outcome, "facts": dict(facts)}
+        self.ending.update(run_id=run_id, attempt=attempt, program=program, tail_count=tail_count)
+
+    def write_attempts(self, attempts: list[dict], restarts: int, keep_part: bool = False) -> None:
+        """Write summary.json, once and whole: the trainer's part (or a program's base) with
+        what was noted of the run's end, its starts (restarts.py) and how many were restarts
+        after a failure (not a host taken back: regrow.py); then remove the part, consumed,
+        unless ``keep_part`` (a stand-in for node rank 0's agent, which may still end after
+        it). Nothing is written when no status is known (nothing ran, nothing failed)."""
+        rows, ending = [dict(a) for a in attempts], dict(self.ending)
+        ending.setdefault("attempt", rows[-1]["attempt"] if rows else None)
 
         def job() -> None:
-            path = self.run_dir / "summary.json"
-            summary = read_json(path)
-            if summary.get("attempt") != attempt:
-                for stale in ("failure", "cause", "stopped_by", "stopped_at"):
-                    summary.pop(stale, None)
-            failed_here = summary.get("status") == "failed" and "failure" in summary
-            hosts = {
-                host: {**rec, "log_tail": tail_lines(self.nodes / f"{host}.log", tail_count)}
-                for host, rec in facts.pop("hosts").items()
-            }
-            summary.update(facts, run_id=run_id, attempt=attempt, hosts=hosts)
-            summary["status"] = "failed" if failed_here else outcome
-            write_json_atomic(path, summary)
+            start = merge_base(self.run_dir, ending.get("attempt"), "program" in ending)
+            summary = merge(start, self._tails(ending), rows, restarts)
+            if "status" not in summary:
+                return
+            write_json_atomic(self.run_dir / SUMMARY, summary)
+            if not keep_part:
+                (self.run_dir / TRAINER_PART).unlink(missing_ok=True)
 
         self.submit(job)
+
+    def _tails(self, ending: dict) -> dict:
+        """``ending`` with the log tails in: the failing rank's (else its host's) and, for a
+        program, each host's."""
+        count, out = ending.get("tail_count", 0), dict(ending)
+        failure = ending.get("failure")
+        if failure is not None:
+            rank = failure.get("rank")
+            logs = self.run_dir / "logs" / f"rank-{rank}.log"
+            tail = tail_lines(logs, count) if rank is not None else []
+            out["failure"] = {**failure, "log_tail": tail or tail_lines(
+                self.nodes / f"{failure.get('host')}.log", count)}  # fmt: skip
+        program = ending.get("program")
+        if program is not None:
+            hosts = {host: {**rec, "log_tail": tail_lines(self.nodes / f"{host}.log", count)}
+                     for host, rec in program["facts"].get("hosts", {}).items()}  # fmt: skip
+            out["program"] = {**program, "facts": {**program["facts"], "hosts": hosts}}
+        return out

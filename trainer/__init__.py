@@ -23,9 +23,11 @@ A demo data set (JPEG files, nothing downloaded)::
     python -m trainer.make_dataset --out /tmp/demo --classes 4 --train-per-class 32 \\
         --val-per-class 8 --size 64
 
-Outputs in ``--output-dir``: ``metrics.jsonl`` and ``summary.json`` (rank 0; summary.json
-through ``ddpfleet_agent.records.write_trainer_summary``, the file's one writer),
-``checkpoints/step-<step>.pt``, ``logs/rank-<rank>.log``. Each rank's heartbeat,
+Outputs in ``--output-dir``: ``metrics.jsonl`` and ``summary.json`` (rank 0, at the end;
+under ``ddpfleet_agent``, which sets ``$DDPFLEET_HEARTBEAT_DIR``, rank 0 writes
+``summary.trainer.json`` instead and the agent writes summary.json from it with the run's
+outcome and attempts: ``ddpfleet_agent/summary.py``), ``checkpoints/step-<step>.pt``,
+``logs/rank-<rank>.log``. Each rank's heartbeat,
 ``rank-<rank>.json`` (step, phase, liveness and progress times, last loss and img/s), is
 rewritten every ``$DDPFLEET_HEARTBEAT_INTERVAL`` s (default 1) by a thread (the heartbeat
 helper user programs get, ``ddpfleet_agent/ddpfleet_heartbeat.py``), in

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ddpfleet_agent.files import write_json_atomic
+from ddpfleet_agent.summary import SUMMARY, TRAINER_PART
 from trainer import distributed as dist_utils
 from trainer.metrics import NonFiniteError
 
@@ -105,13 +106,14 @@ def put_first(path: Path) -> None:
 
 
 def archive_run(output_dir: Path) -> Path | None:
-    """Move the checkpoints, metrics.jsonl and summary.json aside, into
-    ``archive/<UTC time>/``; None when there is nothing to move."""
+    """Move the checkpoints, metrics.jsonl, summary.json and the trainer's part of it (left
+    where no agent took it: an agent that died) aside, into ``archive/<UTC time>/``; None when
+    there is nothing to move."""
     directory = checkpoint_dir(output_dir)
     moving = [p for _, p in list_checkpoints(directory)]
     if (directory / ORDER).exists():
         moving.append(directory / ORDER)
-    records = [output_dir / n for n in ("metrics.jsonl", "summary.json")]
+    records = [output_dir / n for n in ("metrics.jsonl", SUMMARY, TRAINER_PART)]
     records = [p for p in records if p.exists()]
     if not moving and not records:
         return None

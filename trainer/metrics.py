@@ -1,6 +1,6 @@
 """Logging, the heartbeat (a ddpfleet_heartbeat.Beat), metrics.jsonl, throughput.
 
-summary.json is not written here: ``ddpfleet_agent.records.write_trainer_summary`` writes it."""
+summary.json is not written here: ``ddpfleet_agent.summary.write_trainer_summary`` writes it."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ddpfleet_agent.records import write_trainer_summary
+from ddpfleet_agent.summary import write_trainer_summary
 from trainer import checkpoint as ckpt
 from trainer import distributed as dist_utils
 from trainer import jpeg
@@ -247,8 +247,8 @@ def _run(argv: list[str] | None, stop: StopFlag, env: dist_utils.DistEnv, hb: He
         code = EXIT_FAILED
     summary["wall_time_sec"] = round(time.time() - started, 3)
     if env.is_main:
-        write_trainer_summary(Path(cfg.output_dir), summary)
-        LOG.info("summary %s", summary)
+        written = write_trainer_summary(Path(cfg.output_dir), summary)
+        LOG.info("summary (%s) %s", written.name, summary)
     if code != EXIT_FAILED or agreed:
         dist_utils.teardown(env)
     return code

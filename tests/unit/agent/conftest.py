@@ -16,6 +16,7 @@ import pytest
 from time_bounds import within
 
 from ddpfleet_agent.ranks import descendants
+from ddpfleet_agent.summary import TRAINER_PART
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -52,10 +53,18 @@ while True:
 # "crash:<step>:<code>" (exits <code> on reaching <step>). FAKE_<rank>_R<n>, where set, is the
 # rank's mode in the agents' generation n (DDPFLEET_RESTART=n: the n-th start after the first).
 # Times count from the rank's start, or from FAKE_T0 (an epoch time) when the test sets one.
-# Writes heartbeats like the trainer (a thread), with a checkpoint every 5 steps ("saved").
+# Writes heartbeats like the trainer (a thread), with a checkpoint every 5 steps ("saved"),
+# and, as trainer rank 0 does at its end (not when killed), FAKE_PART (the trainer's part of
+# summary.json) to FAKE_PART_PATH, where the test sets them (Cluster.part).
 RANK = r"""
-import json, os, signal, sys, threading, time
+import atexit, json, os, signal, sys, threading, time
 rank = int(sys.argv[1])
+def hand_over(path=os.environ.get("FAKE_PART_PATH")):
+    with open(path + ".tmp", "w") as fh:
+        fh.write(os.environ["FAKE_PART"])
+    os.replace(path + ".tmp", path)
+if rank == 0 and os.environ.get("FAKE_PART"):
+    atexit.register(hand_over)
 restart = os.environ.get("DDPFLEET_RESTART", "0")
 mode = os.environ.get(f"FAKE_{rank}_R{restart}", os.environ.get(f"FAKE_{rank}", "run:60"))
 mode = mode.split(":")
@@ -138,6 +147,7 @@ class Cluster:
         self.modes: dict[int | str, str] = {}
         self.t0 = 0.0
         self.metrics_ports: list[int] = []  # node n's --metrics 127.0.0.1:<port>, if given
+        self.part: dict | None = None  # what rank 0 hands over at its end, as the trainer does
         self.tmpdir = tmp / "tmp"
         self.tmpdir.mkdir()
         self.key = os.urandom(32).hex().encode()  # the run's secret, as train.yml makes it
@@ -175,6 +185,8 @@ class Cluster:
         env = {**os.environ, "FAKE_RANK": str(self.tmp / "rank.py"), "PYTHONPATH": str(ROOT)}
         env["TMPDIR"] = str(self.tmpdir)  # where the agents keep their heartbeat files
         env.update({f"FAKE_{r}": m for r, m in self.modes.items()})
+        if self.part is not None:
+            env["FAKE_PART"], env["FAKE_PART_PATH"] = json.dumps(self.part), str(self.part_path)
         if self.t0:
             env["FAKE_T0"] = str(self.t0)
         return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -198,6 +210,11 @@ class Cluster:
             if p.poll() is not None and p.stdout:
                 out.append(p.stdout.read())
         return "\n---\n".join(out)
+
+    @property
+    def part_path(self) -> Path:
+        """Where ddpfleet's trainer hands its part of summary.json over."""
+        return self.run_dir / TRAINER_PART
 
     def json(self, name: str) -> dict:
         return json.loads((self.run_dir / name).read_text())

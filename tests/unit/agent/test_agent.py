@@ -23,9 +23,9 @@ from ddpfleet_agent.wire import seal
 
 def test_completed_run_records_every_host_and_writes_the_report(cluster):
     c = cluster(3)
-    # what trainer rank 0 leaves behind (the fake ranks write nothing)
+    # what trainer rank 0 hands over: its part of summary.json (the fake ranks write none)
     summary = {"status": "completed", "world_size": 3, "per_rank_images_per_sec": [9, 9, 4]}
-    (c.run_dir / "summary.json").write_text(json.dumps(summary))
+    c.part_path.write_text(json.dumps(summary))
     (c.run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.0}\n')
     c.start({0: "run:2", 1: "run:2", 2: "run:2"})
     assert c.wait() == [0, 0, 0], c.output()

@@ -17,7 +17,7 @@ from ddpfleet_agent.regrow import ASK_EVERY, Regrowing
 def test_a_rank_that_fails_once_is_restarted_in_place_and_the_run_completes(cluster):
     c = cluster(3, restarts=1)
     # what trainer rank 0 leaves behind at the end of the last start (the fake ranks write none)
-    (c.run_dir / "summary.json").write_text(json.dumps({"status": "completed", "world_size": 3}))
+    c.part_path.write_text(json.dumps({"status": "completed", "world_size": 3}))
     c.start({0: "run:20", 1: "crash:4:1", 2: "run:20", "0_R1": "run:3", "1_R1": "run:3",
              "2_R1": "run:3"})  # fmt: skip
     assert c.wait() == [0, 0, 0], c.output()
@@ -73,7 +73,7 @@ def test_a_host_gone_is_left_out_and_the_others_go_on(cluster):
     """--min-hosts 2 of 3: h2's agent is killed with its rank (its container gone); h0 and h1
     restart without it, renumbered, and complete; the attempts say who and why."""
     c = cluster(3, restarts=1, **{"min-hosts": 2, "world-size": 3})
-    (c.run_dir / "summary.json").write_text(json.dumps({"status": "completed", "world_size": 2}))
+    c.part_path.write_text(json.dumps({"status": "completed", "world_size": 2}))
     c.start({0: "run:30", 1: "run:30", 2: "run:30", "0_R1": "run:3", "1_R1": "run:3"})
     c.heartbeat_ready(2, step=3)
     c.kill_host(2)
@@ -95,7 +95,7 @@ def test_a_host_cut_off_and_back_rejoins_at_the_next_checkpoint(cluster):
     without it; h2's agent ends its ranks, asks to come back, and all three restart together
     at the next checkpoint ("saved" in the fake ranks' heartbeats) and complete."""
     c = cluster(3, restarts=1, **{"min-hosts": 2, "world-size": 3})
-    (c.run_dir / "summary.json").write_text(json.dumps({"status": "completed", "world_size": 3}))
+    c.part_path.write_text(json.dumps({"status": "completed", "world_size": 3}))
     c.start({0: "run:60", 1: "run:60", 2: "run:60", "0_R1": "run:60", "1_R1": "run:60",
              "0_R2": "run:5", "1_R2": "run:5", "2_R2": "run:5"})  # fmt: skip
     c.heartbeat_ready(2, step=3)
@@ -121,7 +121,7 @@ def test_a_host_whose_agent_is_started_again_rejoins_at_the_next_checkpoint(clus
     in the store, asks to come back and starts with the others at the next checkpoint, its
     ranks told to resume (DDPFLEET_RESTART: the generation it joins)."""
     c = cluster(3, restarts=1, **{"min-hosts": 2, "world-size": 3})
-    (c.run_dir / "summary.json").write_text(json.dumps({"status": "completed", "world_size": 3}))
+    c.part_path.write_text(json.dumps({"status": "completed", "world_size": 3}))
     c.start({0: "run:60", 1: "run:60", 2: "run:60", "0_R1": "run:60", "1_R1": "run:60",
              "0_R2": "run:5", "1_R2": "run:5", "2_R2": "run:5"})  # fmt: skip
     c.heartbeat_ready(2, step=3)

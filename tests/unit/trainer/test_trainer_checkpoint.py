@@ -122,6 +122,7 @@ def test_archive_moves_the_old_run_aside(tmp_path: Path) -> None:
     save_checkpoint(ckpts, state(9), keep=2)
     (tmp_path / "metrics.jsonl").write_text('{"step": 9}\n')
     (tmp_path / "summary.json").write_text('{"status": "completed"}\n')
+    (tmp_path / "summary.trainer.json").write_text('{"status": "completed"}\n')  # no agent took it
     (tmp_path / "logs").mkdir()
     target = archive_run(tmp_path)
     assert target is not None
@@ -131,6 +132,7 @@ def test_archive_moves_the_old_run_aside(tmp_path: Path) -> None:
     ]  # fmt: skip
     assert (target / "metrics.jsonl").read_text() == '{"step": 9}\n'
     assert (target / "summary.json").is_file()
+    assert (target / "summary.trainer.json").is_file()
     assert list_checkpoints(ckpts) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["archive", "checkpoints", "logs"]
     assert archive_run(tmp_path) is None  # nothing left to move
