@@ -148,7 +148,11 @@ def _parser() -> argparse.ArgumentParser:
             flag,
             type=_declared_type(kind, low, high),
             default=default,
-            help=f"{option}: {text}".replace("%", "%%"),
+            help=(
+                f"{option}: {text}"
+                + (f" The agent takes {low} to {high}." if low is not None else "")
+            ).replace("%", "%%")
+            + " Default: %(default)r.",
         )
     return p
 
@@ -163,6 +167,8 @@ def _address(flag: str, value: str) -> tuple[str, int]:
 def parse_args(argv: list[str]) -> AgentConfig:
     """Options, then ``--``, then the command to supervise."""
     if "--" not in argv:
+        if {"-h", "--help"} & set(argv):
+            _parser().parse_args(["--help"])  # prints every flag, the declared ones' help too
         raise BadAgentInput("give the command to supervise after --")
     cut = argv.index("--")
     ns = _parser().parse_args(argv[:cut])

@@ -92,3 +92,12 @@ def test_addresses_are_the_hosts_cluster_addresses_in_node_rank_order() -> None:
 def test_addresses_not_one_per_host_is_one_line(value: str) -> None:
     with pytest.raises(BadAgentInput, match=r"^--addresses .* one address for each of the 2 hosts"):
         parse_args([*BASE, f"--addresses={value}", "--", "cmd"])
+
+
+def test_help_shows_the_declared_flags_with_their_defaults() -> None:
+    proc = subprocess.run([sys.executable, "-m", "ddpfleet_agent", "--help"], capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "--restarts RESTARTS train_restarts: Restarts" in text
+    assert "The agent takes 0 to 1000. Default: 2." in text
