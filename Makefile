@@ -45,7 +45,7 @@ lint: $(STAMP) ## ansible-lint (production profile), yamllint, ruff lint + forma
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-generate: $(STAMP) ## Rewrite the files generated from trainer/options.py (argument_specs, role defaults, sample inventory)
+generate: $(STAMP) ## Rewrite the files generated from trainer/options.py (argument_specs, role defaults, sample inventory, the agent's flag table)
 	$(BIN)/python tools/gen_options.py
 
 format: $(STAMP) ## Apply ruff's formatting and safe fixes

@@ -1,4 +1,6 @@
-"""The agent's command line: one dataclass, one parser, one-line errors."""
+"""The agent's command line: one dataclass, one parser, one-line errors. The flags that are
+train_* options (--peer-timeout, --restarts, ...) and their defaults and ranges come from the
+one declaration (trainer/options.py), through its generated table ddpfleet_agent/options.py."""
 
 from __future__ import annotations
 
@@ -8,8 +10,13 @@ import math
 import re
 
 from ddpfleet_agent.files import STORAGE_READ_TIMEOUT
+from ddpfleet_agent.options import FLAGS
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
+
+
+# {dest: declared default} of the flags that are train_* options (--peer-timeout: peer_timeout)
+DECLARED = {flag[2:].replace("-", "_"): default for flag, _, default, *_ in FLAGS}
 
 
 class BadAgentInput(ValueError):
@@ -27,31 +34,26 @@ class AgentConfig:
     store_port: int
     command: list[str]
     key_file: str = ""  # the run's secret: every store value is signed with it (wire.seal)
-    peer_timeout: float = 60.0
-    heartbeat_timeout: float = 300.0
-    stop_timeout: float = 90.0
-    max_runtime: float = 0.0
+    peer_timeout: float = DECLARED["peer_timeout"]
+    heartbeat_timeout: float = DECLARED["heartbeat_timeout"]
+    stop_timeout: float = DECLARED["stop_timeout"]
+    max_runtime: float = DECLARED["max_runtime"]
     attempt: str = ""
-    log_tail_lines: int = 20
+    log_tail_lines: int = DECLARED["log_tail_lines"]
     fallback_dir: str = ""  # host-local: this host's log and exit record, storage or not
     storage_timeout: float = STORAGE_READ_TIMEOUT  # the longest wait on one run-directory I/O
     dump_timeout: float = 5.0  # forensics: seconds to dump the ranks before a kill (0: none)
-    program: str = ""  # a user's program: node rank 0 writes summary.json for it at the end
+    program: str = DECLARED["program"]  # a user's program: node rank 0 writes its summary.json
     world_size: int = 0
-    straggler_ratio: float = 0.9
+    straggler_ratio: float = DECLARED["straggler_ratio"]
     metrics_host: str = ""  # the Prometheus endpoint's address and port ('': none)
     metrics_port: int = 0
-    restarts: int = 0  # restarts in place after a rank's failure (restarts.py)
-    min_hosts: int = 0  # go on without a host that is gone while this many remain (0: never)
-    # the hosts' cluster addresses in node-rank order: any host can serve the run's store
-    # (failover.py) and be torchrun's master; empty: only node rank 0's, at --store
-    addresses: list[str] = dataclasses.field(default_factory=list)
+    restarts: int = DECLARED["restarts"]
+    min_hosts: int = DECLARED["min_hosts"]
     tick: float = 0.5  # seconds between supervision rounds
     settle: float = 2.0  # seconds to watch the peers before naming the cause of an exit
-
-    @property
-    def is_server(self) -> bool:
-        return self.node_rank == 0
+    # the hosts' cluster addresses in node-rank order ([]: not given, as by an older train.yml)
+    addresses: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def takes_hosts_back(self) -> bool:
@@ -74,6 +76,23 @@ class _Parser(argparse.ArgumentParser):
         raise BadAgentInput(message)
 
 
+def _declared_type(kind: str, low: float | None, high: float | None):
+    """argparse's type for a declared flag: the number in its declared range, or the string."""
+
+    def number(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        whole = kind == "float" or value.is_integer()
+        if not (math.isfinite(value) and whole and low <= value <= high):  # type: ignore[operator]
+            what = "a whole number" if kind == "int" else "a number"
+            raise argparse.ArgumentTypeError(f"must be {what} from {low} to {high}, not {text!r}")
+        return int(value) if kind == "int" else value
+
+    return str if kind == "str" else number
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m ddpfleet_agent", add_help=True)
     p.add_argument("--run-dir", required=True)
@@ -83,14 +102,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--hosts", required=True, help="inventory names in node-rank order, comma-separated"
     )
+    p.add_argument(
+        "--addresses",
+        default="",
+        help="the hosts' cluster addresses in node-rank order, comma-separated, one per host of "
+        "--hosts",
+    )
     p.add_argument("--store", required=True, help="ADDR:PORT of the run's TCPStore (node rank 0)")
     p.add_argument(
         "--key-file", required=True, help="the run's secret (made at launch, 0600): signs the store"
     )
-    p.add_argument("--peer-timeout", type=float, default=60.0)
-    p.add_argument("--heartbeat-timeout", type=float, default=300.0)
-    p.add_argument("--stop-timeout", type=float, default=90.0)
-    p.add_argument("--max-runtime", type=float, default=0.0, help="0: no limit")
     p.add_argument(
         "--storage-timeout",
         type=float,
@@ -106,19 +127,11 @@ def _parser() -> argparse.ArgumentParser:
         "run's ranks are killed (0: no dump)",
     )
     p.add_argument("--attempt", default="")
-    p.add_argument("--log-tail-lines", type=int, default=20)
     p.add_argument(
         "--fallback-dir",
         default="",
         help="a host-local directory for this host's log and exit record, which status.yml "
         "reads when the shared storage does not answer",
-    )
-    p.add_argument(
-        "--program",
-        default="",
-        help="the user program the command runs (not ddpfleet's trainer, which hands over its "
-        "part of summary.json): node rank 0 records status, wall time, exit codes and log tails "
-        "for it",
     )
     p.add_argument(
         "--world-size",
@@ -127,36 +140,21 @@ def _parser() -> argparse.ArgumentParser:
         help="recorded with --program; maps ranks to hosts in report.txt",
     )
     p.add_argument(
-        "--straggler-ratio",
-        type=float,
-        default=0.9,
-        help="report.txt flags a rank below this fraction of the median img/s",
-    )
-    p.add_argument(
-        "--restarts",
-        type=int,
-        default=0,
-        help="restart the run in place from its newest checkpoint after a rank's failure on a "
-        "host that is still there, at most this many times (0: the first failure ends the run)",
-    )
-    p.add_argument(
-        "--min-hosts",
-        type=int,
-        default=0,
-        help="with --restarts: restart the run without a host that is gone (silent past "
-        "--peer-timeout) while at least this many hosts remain (0: a host gone ends the run)",
-    )
-    p.add_argument(
-        "--addresses",
-        default="",
-        help="the hosts' cluster addresses in --hosts order, comma-separated: with --min-hosts, "
-        "another host takes over the run's store when node rank 0's is lost",
-    )
-    p.add_argument(
         "--metrics",
         default="",
         help="ADDR:PORT of this agent's Prometheus endpoint (empty: none)",
     )
+    for flag, kind, default, low, high, option, text in FLAGS:
+        p.add_argument(
+            flag,
+            type=_declared_type(kind, low, high),
+            default=default,
+            help=(
+                f"{option}: {text}"
+                + (f" The agent takes {low} to {high}." if low is not None else "")
+            ).replace("%", "%%")
+            + " Default: %(default)r.",
+        )
     return p
 
 
@@ -170,6 +168,8 @@ def _address(flag: str, value: str) -> tuple[str, int]:
 def parse_args(argv: list[str]) -> AgentConfig:
     """Options, then ``--``, then the command to supervise."""
     if "--" not in argv:
+        if {"-h", "--help"} & set(argv):
+            _parser().parse_args(["--help"])  # prints every flag, the declared ones' help too
         raise BadAgentInput("give the command to supervise after --")
     cut = argv.index("--")
     ns = _parser().parse_args(argv[:cut])
@@ -184,24 +184,19 @@ def parse_args(argv: list[str]) -> AgentConfig:
     if not RUN_ID_RE.match(ns.run_id) or ns.run_id in (".", ".."):
         raise BadAgentInput(f"invalid --run-id {ns.run_id!r}")
     store_host, store_port = _address("--store", ns.store)
-    addresses = [a.strip("[]") for a in ns.addresses.split(",") if a]
-    if addresses and len(addresses) != len(hosts):
-        raise BadAgentInput(f"--addresses names {len(addresses)} hosts, --hosts {len(hosts)}")
     metrics_host, metrics_port = _address("--metrics", ns.metrics) if ns.metrics else ("", 0)
     if not (math.isfinite(ns.dump_timeout) and 0 <= ns.dump_timeout <= 60):
         raise BadAgentInput("--dump-timeout must be from 0 to 60")
-    if not 0 <= ns.restarts <= 1000:
-        raise BadAgentInput("--restarts must be from 0 to 1000")
     if not 0 <= ns.min_hosts <= len(hosts):
         raise BadAgentInput(f"--min-hosts must be from 0 to the {len(hosts)} hosts of --hosts")
-    if not 0 <= ns.straggler_ratio <= 1:
-        raise BadAgentInput("--straggler-ratio must be from 0 to 1")
-    for name in (
-        "peer_timeout", "heartbeat_timeout", "stop_timeout", "max_runtime", "storage_timeout"
-    ):  # fmt: skip
-        value = getattr(ns, name)
-        if not math.isfinite(value) or value < 0 or (value == 0 and name != "max_runtime"):
-            raise BadAgentInput(f"--{name.replace('_', '-')} must be a finite number > 0")
+    if not (math.isfinite(ns.storage_timeout) and ns.storage_timeout > 0):
+        raise BadAgentInput("--storage-timeout must be a finite number > 0")
+    addresses = [a.strip("[]") for a in ns.addresses.split(",")] if ns.addresses else []
+    if addresses and (len(addresses) != len(hosts) or not all(addresses)):
+        raise BadAgentInput(
+            f"--addresses {ns.addresses} must name one address for each of the {len(hosts)} "
+            f"hosts of --hosts, in the same order"
+        )
     return AgentConfig(
         run_dir=ns.run_dir,
         run_id=ns.run_id,
@@ -217,7 +212,7 @@ def parse_args(argv: list[str]) -> AgentConfig:
         stop_timeout=ns.stop_timeout,
         max_runtime=ns.max_runtime,
         attempt=ns.attempt,
-        log_tail_lines=max(ns.log_tail_lines, 0),
+        log_tail_lines=ns.log_tail_lines,
         fallback_dir=ns.fallback_dir,
         dump_timeout=ns.dump_timeout,
         storage_timeout=ns.storage_timeout,

@@ -2,7 +2,9 @@
 
 - roles/trainer_run/meta/argument_specs.yml (what ansible-doc and the role's entry points show),
 - roles/trainer_run/defaults/main.yml (every option's default),
-- inventory/sample/group_vars/all/train.yml (every option commented out, with its help).
+- inventory/sample/group_vars/all/train.yml (every option commented out, with its help),
+- ddpfleet_agent/options.py (the run agent's flags that are train_* options: the agent, shipped
+  alone into a user's image, cannot import trainer/, so it reads this table of the declaration).
 
 ``python tools/gen_options.py`` rewrites them (``make generate``); ``--check`` changes nothing
 and exits 1 naming the stale ones (``make lint``).
@@ -19,11 +21,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trainer.options import DUMP_HELP, OPTIONS, RUN_ID_HELP, Option, bounds  # noqa: E402
+from trainer.options import (  # noqa: E402
+    DUMP_HELP,
+    OPTIONS,
+    RUN_ID_HELP,
+    Option,
+    agent_options,
+    bounds,
+)
 
 SPECS = Path("roles/trainer_run/meta/argument_specs.yml")
 DEFAULTS = Path("roles/trainer_run/defaults/main.yml")
 SAMPLE = Path("inventory/sample/group_vars/all/train.yml")
+AGENT = Path("ddpfleet_agent/options.py")
 GENERATED = (
     "Generated from trainer/options.py by tools/gen_options.py (make generate): do not edit. "
 )
@@ -137,7 +147,31 @@ def sample() -> str:
     return "\n".join(out) + "\n"
 
 
-FILES = {SPECS: argument_specs, DEFAULTS: defaults, SAMPLE: sample}
+def agent() -> str:
+    rows = []
+    for opt in agent_options():
+        low = opt.min if opt.agent_min is None else opt.agent_min
+        number = {"int": int, "float": float}.get(opt.type)
+        limits = (number(low), number(opt.max)) if number else (None, None)  # type: ignore[arg-type]
+        row = (opt.agent_flag, opt.type, opt.default, *limits, opt.name, opt.help)
+        rows.append(f"    ({', '.join(map(repr, row))}),")
+    head = [
+        "# ruff: noqa: E501",
+        f'"""{GENERATED.strip()}',
+        "",
+        "The run agent's flags that are train_* options, with the declaration's type, default,",
+        "range (the agent's own floor where it has one) and help; ddpfleet_agent.cli builds its",
+        "parser from them. Generated, not imported: the agent imports no trainer (train.yml ships",
+        'it alone into a user\'s image)."""',
+        "",
+        "# (flag, type, default, min, max, train_* option, help)",
+        "# fmt: off",
+        "FLAGS: tuple[tuple, ...] = (",
+    ]
+    return "\n".join([*head, *rows, ")", "# fmt: on", ""])
+
+
+FILES = {SPECS: argument_specs, DEFAULTS: defaults, SAMPLE: sample, AGENT: agent}
 
 
 def stale(root: Path = ROOT) -> list[Path]:

@@ -1,9 +1,11 @@
 # ruff: noqa: E501 - one option per line: the declaration reads as a table
 """Every ``train_*`` option of ddpfleet, declared once: name, type, default, range, choices,
-help and the trainer flag it maps to. Standard library only (no torch): the trainer_run role's
-plugins import it on the controller, the trainer's argparse reads it in the image (the image
-installs this package), and tools/gen_options.py writes the role's argument_specs and defaults
-and the sample inventory from it (``make generate``; ``make lint`` fails when they are stale).
+help and the trainer flag or run agent flag it maps to. Standard library only (no torch): the
+trainer_run role's plugins import it on the controller, the trainer's argparse reads it in the
+image (the image installs this package), and tools/gen_options.py writes the role's
+argument_specs and defaults, the sample inventory and the run agent's flag table
+(ddpfleet_agent/options.py: the agent is shipped alone into a user's image, without this
+package) from it (``make generate``; ``make lint`` fails when they are stale).
 
 A value from Ansible may be a string (``-e train_lr=0.05``); :func:`problem` says in one line
 naming the option why a value does not fit its declaration, or returns ''.
@@ -29,7 +31,10 @@ ROLE_DEFAULT = _RoleDefault()
 @dataclasses.dataclass(frozen=True)
 class Option:
     """One option. Numbers have both bounds; ``flag`` is ``python -m trainer``'s flag, if any,
-    with its own default, type or help where the trainer's differ from the role's."""
+    with its own default, type or help where the trainer's differ from the role's;
+    ``agent_flag`` is ``python -m ddpfleet_agent``'s, with the role's default, type, help and
+    range, but for ``agent_min`` where the agent takes shorter times than a user may set (its
+    tests run real agents with timeouts of a second or two)."""
 
     name: str
     type: str  # int, float, str, bool, dict, list (of strings) or raw
@@ -42,6 +47,8 @@ class Option:
     flag_default: object = ROLE_DEFAULT
     flag_type: str = ""  # '': the option's type
     flag_help: str = ""  # '': the option's help
+    agent_flag: str = ""
+    agent_min: float | None = None  # None: the option's min
     section: str = ""
 
     @property
@@ -52,6 +59,12 @@ class Option:
     @property
     def trainer_default(self) -> object:
         return self.default if self.flag_default is ROLE_DEFAULT else self.flag_default
+
+    @property
+    def agent_dest(self) -> str:
+        """The run agent's argparse dest and AgentConfig field (``--peer-timeout`` ->
+        ``peer_timeout``)."""
+        return self.agent_flag[2:].replace("-", "_")
 
 
 def _section(title: str, *options: Option) -> list[Option]:
@@ -144,25 +157,28 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     ),
     *_section(
         "Your own program instead of ddpfleet's trainer",
-        Option("train_program", "str", "", "Your own DDP program instead of ddpfleet's trainer: a Python module (pkg.train, run as torchrun ... -m pkg.train) or a script path ending in .py, in train_code_dir or in the image. The trainer's options (data, optimisation, speed, checkpoints) then do not apply."),
+        Option("train_program", "str", "", "Your own DDP program instead of ddpfleet's trainer: a Python module (pkg.train, run as torchrun ... -m pkg.train) or a script path ending in .py, in train_code_dir or in the image. The trainer's options (data, optimisation, speed, checkpoints) then do not apply.",
+               agent_flag="--program"),
         Option("train_program_args", "list", [], "Arguments after the program, e.g. ['--epochs', '3'] (a list of strings)."),
         Option("train_code_dir", "str", "", "A directory on the controller with the program's code, copied to runs/<run_id>/code/ when the run starts (a resumed run uses that frozen copy); the ranks start there, with it on PYTHONPATH. Empty: the code is in the image."),
     ),
     *_section(
         "Supervision (the run agents) and following",
-        Option("train_heartbeat_timeout", "int", 300, "Seconds a rank may go frozen (its heartbeat thread silent) or, in training or validation, without progress before the agents fail the run; data-set scans, validation and checkpoint saves keep beating.", 5, WEEK),
-        Option("train_restarts", "int", 2, "Restarts, with no controller: after a rank's failure on a host that is still there (a crash, a killed or frozen rank), the agents restart every rank in place from the newest checkpoint; after a host is gone, without it (train_min_hosts); at most this many times in the run, and not after bad input, a non-finite loss, or the same rank failing again at the same step. 0: the first failure ends the run.", 0, 1000),
-        Option("train_min_hosts", "int", 0, "Shrink instead of failing: a host gone (silent past train_peer_timeout: cut off, its container killed) is left out and the others restart from the newest checkpoint while at least this many remain, with the same global batch (split again, by the balance weights when train_balance is on; gradient accumulation where a rank's share outgrows its first one). Node rank 0 (the agents' store) cannot be left out. Needs train_restarts. 0: every trainer (no shrinking).", 0, 100_000),
-        Option("train_peer_timeout", "int", 60, "Seconds without a peer agent's keepalive before that host counts as failed (at least 5).", 5, WEEK),
+        Option("train_heartbeat_timeout", "int", 300, "Seconds a rank may go frozen (its heartbeat thread silent) or, in training or validation, without progress before the agents fail the run; data-set scans, validation and checkpoint saves keep beating.", 5, WEEK,
+               agent_flag="--heartbeat-timeout", agent_min=1),
+        Option("train_restarts", "int", 2, "Restarts, with no controller: after a rank's failure on a host that is still there (a crash, a killed or frozen rank), the agents restart every rank in place from the newest checkpoint; after a host is gone, without it (train_min_hosts); at most this many times in the run, and not after bad input, a non-finite loss, or the same rank failing again at the same step. 0: the first failure ends the run.", 0, 1000, agent_flag="--restarts"),
+        Option("train_min_hosts", "int", 0, "Shrink instead of failing: a host gone (silent past train_peer_timeout: cut off, its container killed) is left out and the others restart from the newest checkpoint while at least this many remain, with the same global batch (split again, by the balance weights when train_balance is on; gradient accumulation where a rank's share outgrows its first one). Node rank 0 (the agents' store) cannot be left out. Needs train_restarts. 0: every trainer (no shrinking).", 0, 100_000, agent_flag="--min-hosts"),
+        Option("train_peer_timeout", "int", 60, "Seconds without a peer agent's keepalive before that host counts as failed (at least 5).", 5, WEEK,
+               agent_flag="--peer-timeout", agent_min=1),
         Option("train_agent_port", "int", 0, "Port of the agents' store on rank 0's cluster_ip (0: train_master_port + 1); must be free there and reachable from every host.", 0, PORT),
         Option("train_metrics_port", "int", 0, "Port of each host's run agent's Prometheus endpoint (/metrics on its cluster_ip: steps, img/s, loss, heartbeat ages, GPUs) while the run goes (0: train_master_port + 2); must be free on every host.", 0, PORT),
         Option("train_follow", "bool", True, "Follow the run until it ends and report it (false: train.yml returns right after the launch; follow the run with status.yml)."),
         Option("train_poll_interval", "int", 5, "Seconds between train.yml's reads of the run directory while it follows a run (one progress line when the step changed). Each read waits on node rank 0's host for the run's end, up to this long (30 s at most), so that at intervals up to 30 s train.yml sees the end within a second.", 1, HOUR),
-        Option("train_max_runtime", "int", 604800, "The agents fail the run if it is still going after this many seconds (default: 7 days).", 60, 366 * DAY),
-        Option("train_stop_timeout", "int", 90, "Grace period of a stop: the agents SIGTERM their ranks and SIGKILL them after this many seconds; stop.yml waits this plus 30 s for every container to be gone. Keep it above one log interval plus the longest checkpoint save.", 1, DAY),
+        Option("train_max_runtime", "int", 604800, "The agents fail the run if it is still going after this many seconds (default: 7 days).", 60, 366 * DAY, agent_flag="--max-runtime"),
+        Option("train_stop_timeout", "int", 90, "Grace period of a stop: the agents SIGTERM their ranks and SIGKILL them after this many seconds; stop.yml waits this plus 30 s for every container to be gone. Keep it above one log interval plus the longest checkpoint save.", 1, DAY, agent_flag="--stop-timeout"),
         Option("train_preflight_timeout", "int", 20, "Seconds preflight waits for every host to reach the rendezvous and agent ports.", 1, HOUR),
-        Option("train_log_tail_lines", "int", 20, "Lines of the failing rank's log kept in summary.json's failure.", 0, 100_000),
-        Option("train_straggler_ratio", "float", 0.9, "A rank below this fraction of the median img/s is flagged as a straggler in the report.", 0.0, 1.0),
+        Option("train_log_tail_lines", "int", 20, "Lines of the failing rank's log kept in summary.json's failure.", 0, 100_000, agent_flag="--log-tail-lines"),
+        Option("train_straggler_ratio", "float", 0.9, "A rank below this fraction of the median img/s is flagged as a straggler in the report.", 0.0, 1.0, agent_flag="--straggler-ratio"),
     ),
     *_section(
         "Queueing runs through Slurm",
@@ -264,3 +280,23 @@ def problem(name: str, value: object) -> str:
 def flag_options() -> list[Option]:
     """The options that map to a flag of ``python -m trainer``, in declaration order."""
     return [o for o in OPTIONS.values() if o.flag]
+
+
+def agent_options() -> list[Option]:
+    """The options that map to a flag of ``python -m ddpfleet_agent``, in declaration order."""
+    return [o for o in OPTIONS.values() if o.agent_flag]
+
+
+def agent_args(values: dict) -> list[str]:
+    """The run agent's flags for the train_* ``values`` (each option with an agent flag; a
+    value Ansible gave as a string, "60" or "60.0", as the agent's type reads it):
+    ``['--peer-timeout=60', ..., '--program=']``, one word each (a value may start with -)."""
+    args = []
+    for opt in agent_options():
+        value = values[opt.name]
+        if opt.type == "int":
+            value = int(float(value))
+        elif opt.type == "float":
+            value = float(value)
+        args.append(f"{opt.agent_flag}={value}")
+    return args

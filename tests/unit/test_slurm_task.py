@@ -14,34 +14,24 @@ import sys
 import time
 from pathlib import Path
 
+from ddpfleet_agent.container import container_params
+
 ROOT = Path(__file__).resolve().parents[2]
 TASK = ROOT / "roles" / "slurm" / "files" / "ddpfleet_slurm_task.py"
 SPEC = importlib.util.spec_from_file_location("ddpfleet_slurm_task", TASK)
 task = importlib.util.module_from_spec(SPEC)  # type: ignore[arg-type]
 SPEC.loader.exec_module(task)  # type: ignore[union-attr]
 
-PARAMS = {
-    "name": "ddpfleet-r1-node2",
-    "image": "10.0.0.11:5000/ddpfleet/trainer:abc",
-    "network_mode": "host",
-    "capabilities": ["SYS_PTRACE"],
-    "shm_size": "2048M",
-    "ulimits": ["memlock:-1:-1", "stack:67108864:67108864"],
-    "cpus": 0.5,
-    "device_requests": [{"driver": "nvidia", "count": 8, "capabilities": [["gpu"]]}],
-    "devices": ["/dev/infiniband/uverbs0:/dev/infiniband/uverbs0:rwm"],
-    "user": "2000:2000",
-    "working_dir": "/srv/ddpfleet/runs/r1",
-    "mounts": [
-        {"type": "bind", "source": "/srv/d/datasets", "target": "/srv/d/datasets",
-         "read_only": True},
-        {"type": "bind", "source": "/srv/d/runs/r1", "target": "/srv/d/runs/r1"},
-    ],
-    "labels": {"io.ddpfleet.run_id": "r1", "io.ddpfleet.node_rank": "1"},
-    "env": {"HOME": "/tmp", "HF_TOKEN": "s3cret"},
-    "entrypoint": ["python", "-m", "ddpfleet_agent"],
-    "command": ["--run-id=r1", "--", "torchrun", "--nnodes=3", "-m", "trainer"],
-}  # fmt: skip
+# what launch.yml keeps: the one builder's parameters (ddpfleet_agent/container.py)
+PARAMS = container_params(
+    name="ddpfleet-r1-node2", image="10.0.0.11:5000/ddpfleet/trainer:abc", run_id="r1",
+    host="node2", node_rank=1, user="2000:2000", working_dir="/srv/ddpfleet/runs/r1",
+    datasets="/srv/d/datasets", run_dir="/srv/d/runs/r1", fallback_dir="/var/lib/ddpfleet/runs/r1",
+    ipc_host=False, shm_size_mb=2048, ulimits=["memlock:-1:-1", "stack:67108864:67108864"],
+    cpus=0.5, gpus=8, devices=["/dev/infiniband/uverbs0:/dev/infiniband/uverbs0:rwm"],
+    env={"HOME": "/tmp", "HF_TOKEN": "s3cret"}, entrypoint=["python", "-m", "ddpfleet_agent"],
+    command=["--run-id=r1", "--", "torchrun", "--nnodes=3", "-m", "trainer"],
+)  # fmt: skip
 
 
 def test_docker_run_has_every_kept_parameter_and_the_job_label() -> None:
@@ -50,7 +40,7 @@ def test_docker_run_has_every_kept_parameter_and_the_job_label() -> None:
     options, command = argv[:image], argv[image + 1 :]
     assert options[:2] == ["docker", "run"]
     for option in [
-        "--rm", "--pull=never", "--cap-add=SYS_PTRACE", "--shm-size=2048M",
+        "--rm", "--pull=never", "--restart=no", "--cap-add=SYS_PTRACE", "--shm-size=2048M",
         "--ulimit=memlock=-1:-1", "--ulimit=stack=67108864:67108864", "--cpus=0.5", "--gpus=8",
         "--device=/dev/infiniband/uverbs0:/dev/infiniband/uverbs0:rwm", "--user=2000:2000",
         "--workdir=/srv/ddpfleet/runs/r1",
@@ -73,6 +63,20 @@ def test_optional_parameters_are_left_out() -> None:
     argv = task.docker_run_argv(params, "7")
     assert not [w for w in argv if w.startswith(("--gpus", "--cpus", "--ipc", "--device"))]
     assert argv[-len(params["command"]) - 1 :] == [params["image"], *params["command"]]
+
+
+def test_a_parameter_without_a_docker_run_form_fails_the_task_in_one_line(tmp_path: Path) -> None:
+    """A kept parameter this program has no form for is never dropped: the task exits 2."""
+    spec = tmp_path / "r1.json"
+    spec.write_text(json.dumps({"secret": False, "attempt": "a1",
+                                "params": {**PARAMS, "oom_killer": False}}))  # fmt: skip
+    proc = subprocess.run([sys.executable, str(TASK), str(spec)], capture_output=True,
+                          text=True, timeout=30, check=False)  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"ddpfleet-slurm-task on {os.uname().nodename}: no docker run form for the container "
+        "parameter(s) oom_killer"
+    ]
 
 
 def test_slurm_s_sigterm_stops_the_container_as_stop_yml_does(tmp_path: Path) -> None:

@@ -14,7 +14,9 @@ the container ends within train_stop_timeout. Slurm's KillWait (slurm.conf) give
 the job's epilog (ddpfleet-slurm-epilog) removes a container still there once the job ended.
 
 Standard library only: it runs with the host's python3, as root (the job's user). The
-container's environment values (train_env may hold tokens) reach docker through this process's
+``docker run`` comes from ddpfleet_container.py, installed beside it (ddpfleet_agent/container.py:
+the one form of the container's parameters every launch path shares). The container's
+environment values (train_env may hold tokens) reach docker through this process's
 environment, never its command line.
 """
 
@@ -26,40 +28,8 @@ import signal
 import subprocess
 import sys
 
-JOB_LABEL = "io.ddpfleet.slurm_job"
-
-
-def docker_run_argv(params: dict, job_id: str) -> list[str]:
-    """``docker run`` in the foreground for the kept parameters (docker_container's names)."""
-    argv = ["docker", "run", "--rm", "--restart=no", "--pull=never"]
-    argv += ["--name", params["name"], "--network", params.get("network_mode", "host")]
-    argv += [f"--cap-add={cap}" for cap in params.get("capabilities", [])]
-    for key, flag in (("ipc_mode", "--ipc"), ("shm_size", "--shm-size"), ("cpus", "--cpus"),
-                      ("user", "--user"), ("working_dir", "--workdir")):  # fmt: skip
-        if key in params:
-            argv.append(f"{flag}={params[key]}")
-    for ulimit in params.get("ulimits", []):  # name:soft:hard
-        name, limits = ulimit.split(":", 1)
-        argv.append(f"--ulimit={name}={limits}")
-    for request in params.get("device_requests", []):
-        argv.append(f"--gpus={request['count']}")
-    argv += [f"--device={device}" for device in params.get("devices", [])]
-    for mount in params.get("mounts", []):
-        spec = f"type={mount['type']},source={mount['source']},target={mount['target']}"
-        argv.append("--mount=" + spec + (",readonly" if mount.get("read_only") else ""))
-    labels = {**params.get("labels", {}), JOB_LABEL: job_id}
-    argv += [f"--label={key}={value}" for key, value in sorted(labels.items())]
-    argv += [f"--env={name}" for name in sorted(params.get("env", {}))]
-    entrypoint = list(params.get("entrypoint", []))
-    if entrypoint:
-        argv.append(f"--entrypoint={entrypoint[0]}")
-    return [*argv, params["image"], *entrypoint[1:], *params.get("command", [])]
-
-
-def docker_env(params: dict) -> dict[str, str]:
-    """The docker CLI's environment: this process's, with the container's values (--env NAME
-    takes each from it)."""
-    return {**os.environ, **{k: str(v) for k, v in params.get("env", {}).items()}}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ddpfleet_container.py beside it
+from ddpfleet_container import docker_env, docker_run_argv
 
 
 def main(argv: list[str]) -> int:
@@ -78,6 +48,11 @@ def main(argv: list[str]) -> int:
         subprocess.run(["docker", "kill", "--signal", "TERM", name], check=False,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
+    try:
+        run = docker_run_argv(params, job_id)
+    except ValueError as err:  # kept by a train.yml that this task program does not match
+        print(f"ddpfleet-slurm-task on {host}: {err}", file=sys.stderr)
+        return 2
     print(f"ddpfleet-slurm-task on {host}: starting {name} (job {job_id})", flush=True)
     # Slurm signals every process of the task. The attached docker client passes a signal on
     # to the container (its agent stops the run) and stays until the container has ended; a
@@ -85,7 +60,7 @@ def main(argv: list[str]) -> int:
     # it: an ignored signal stays ignored across exec.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_IGN)
-    proc = subprocess.Popen(docker_run_argv(params, job_id), env=docker_env(params))
+    proc = subprocess.Popen(run, env=docker_env(params))
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop)
     code = proc.wait()  # a signal's handler runs in between, and the wait goes on (PEP 475)

@@ -1,7 +1,9 @@
 """Filters of the trainer_run role: the trainer's options and command line (trainer.config,
-from the one declaration in trainer/options.py), peers, fabric, ulimits, status.yml's report
-from the hosts' own records, a Slurm run's sbatch command and queue (ddpfleet_agent.slurm), and
-the run agent's archive for a user's program (ddpfleet_agent.shipping).
+from the one declaration in trainer/options.py) and the run agent's flags of those options,
+the run container's parameters (ddpfleet_agent.container), peers, fabric, ulimits, status.yml's
+report from the hosts' own records, a Slurm run's sbatch command and queue
+(ddpfleet_agent.slurm), and the run agent's archive for a user's program
+(ddpfleet_agent.shipping).
 The option checks are the ddpfleet_run_validate action's."""
 
 from __future__ import annotations
@@ -10,11 +12,18 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # this checkout's trainer package
+from ddpfleet_agent.container import container_params
 from ddpfleet_agent.follow import fallback_report
 from ddpfleet_agent.shipping import lib_archive
 from ddpfleet_agent.slurm import job_id, job_line, queue_position, queued, sbatch_argv
 from trainer.config import command_args, command_options
-from trainer.options import as_bool
+from trainer.options import agent_args, as_bool
+
+
+def container(inputs: dict) -> dict:
+    """The run container's parameters (ddpfleet_agent.container.container_params) from
+    launch.yml's mapping of its arguments."""
+    return container_params(**inputs)
 
 
 def peers(hosts: list[str], hostvars: object) -> list[dict]:
@@ -83,6 +92,8 @@ class FilterModule:
         return {
             "ddpfleet_trainer_args": command_args,
             "ddpfleet_trainer_options": command_options,
+            "ddpfleet_agent_args": agent_args,
+            "ddpfleet_container_params": container,
             "ddpfleet_peers": peers,
             "ddpfleet_ulimits": ulimits,
             "ddpfleet_fabric": fabric,

@@ -142,7 +142,9 @@ class Cluster:
         self.port = free_port()
         (tmp / "launcher.py").write_text(LAUNCHER)
         (tmp / "rank.py").write_text(RANK)
-        self.options = {"peer-timeout": 4, "heartbeat-timeout": 4, "stop-timeout": 5, **options}
+        # restarts: 0 unless a test asks for them (the declared default, train_restarts', is 2)
+        self.options = {"peer-timeout": 4, "heartbeat-timeout": 4, "stop-timeout": 5,
+                        "restarts": 0, **options}  # fmt: skip
         self.procs: list[subprocess.Popen[str]] = []
         self.modes: dict[int | str, str] = {}
         self.t0 = 0.0

@@ -105,5 +105,5 @@ def test_addresses_are_read_in_node_rank_order(addresses, expected):
 
 
 def test_addresses_must_name_every_host():
-    with pytest.raises(BadAgentInput, match="--addresses names 1 hosts, --hosts 2"):
+    with pytest.raises(BadAgentInput, match="must name one address for each of the 2 hosts"):
         parse_args([*BASE, "--addresses=10.0.0.1", "--", "true"])

@@ -1,0 +1,153 @@
+"""A run container's parameters, built once and used by every path that starts it.
+
+``container_params`` (the trainer_run filter ``ddpfleet_container_params``, on the controller)
+builds them under community.docker.docker_container's option names. start.yml passes them to
+that module as they are (a direct launch, and relaunch.yml's from the ones launch.yml kept on
+the host); the slurm role's task program (roles/slurm/files/ddpfleet_slurm_task.py, on each
+node of a run's job) turns the same kept parameters into ``docker run`` with
+``docker_run_argv``, which has one form for each parameter and refuses one it has not (a
+parameter never reaches one path only).
+
+Standard library only, and nothing else of this package: the slurm role installs this file
+beside its task program, which runs with the host's python3 (roles/slurm/files/ holds a link to
+it, as roles/trainer_run/module_utils/ does to ddpfleet_doctor's files). It lives here because
+both the controller's filter and the hosts' task program use it and neither role owns the
+other's files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+JOB_LABEL = "io.ddpfleet.slurm_job"  # a run container started by a Slurm job carries its id
+
+
+def container_params(
+    *,
+    name: str,
+    image: str,
+    run_id: str,
+    host: str,
+    node_rank: int,
+    user: str,
+    working_dir: str,
+    datasets: str,
+    run_dir: str,
+    fallback_dir: str,
+    ipc_host: bool,
+    shm_size_mb: int,
+    ulimits: list[str],
+    cpus: float,
+    gpus: int,
+    devices: list[str],
+    env: dict[str, str],
+    entrypoint: list[str],
+    command: list[str],
+) -> dict:
+    """The run container of ``host``: PID 1 ``entrypoint + command`` (the run agent), on the
+    host's network; the data sets read-only, the run directory and the host's own record
+    directory of the run (``fallback_dir``) and nothing else of the storage; removed when it
+    exits (the agent has written every record by then), never restarted, never pulled.
+    ``ipc_host``: the host's IPC namespace and /dev/shm, else a private /dev/shm of
+    ``shm_size_mb``; ``cpus``: a Docker CPU quota (0: none); ``gpus``: NVIDIA GPUs (0: none);
+    ``devices``: InfiniBand/RoCE devices (``path:path:rwm``)."""
+    params: dict = {
+        "name": name,
+        "image": image,
+        "pull": "never",
+        "restart_policy": "no",
+        "auto_remove": True,
+        "init": False,
+        "network_mode": "host",
+        # the forensics bundle's py-spy reads the ranks' memory: its binary alone holds this
+        # capability (a file capability, images/trainer/Dockerfile); the ranks and the agent not
+        "capabilities": ["SYS_PTRACE"],
+        "ulimits": list(ulimits),
+        "user": user,
+        "working_dir": working_dir,
+        "mounts": [
+            {"type": "bind", "source": datasets, "target": datasets, "read_only": True},
+            {"type": "bind", "source": run_dir, "target": run_dir},
+            {"type": "bind", "source": fallback_dir, "target": fallback_dir},
+        ],
+        "labels": {
+            "io.ddpfleet.run_id": run_id,
+            "io.ddpfleet.node_rank": str(int(node_rank)),
+            "io.ddpfleet.host": host,
+        },
+        "env": {str(k): str(v) for k, v in env.items()},
+        "entrypoint": list(entrypoint),
+        "command": [str(word) for word in command],
+    }
+    if ipc_host:
+        params["ipc_mode"] = "host"
+    else:
+        params["shm_size"] = f"{int(shm_size_mb)}M"
+    if float(cpus) > 0:
+        params["cpus"] = float(cpus)
+    if int(gpus) > 0:
+        params["device_requests"] = [
+            {"driver": "nvidia", "count": int(gpus), "capabilities": [["gpu"]]}
+        ]
+    if devices:
+        params["devices"] = list(devices)
+    return params
+
+
+def _flag(flag: str) -> Callable[[object], list[str]]:
+    return lambda value: [f"{flag}={value}"]
+
+
+def _mount(mount: dict) -> str:
+    spec = f"type={mount['type']},source={mount['source']},target={mount['target']}"
+    return "--mount=" + spec + (",readonly" if mount.get("read_only") else "")
+
+
+# docker run's words for each parameter (docker_container's names); image and command are
+# positional (after the image: the entrypoint's arguments, then the command)
+DOCKER_RUN: dict[str, Callable] = {
+    "name": lambda name: ["--name", name],
+    "pull": _flag("--pull"),
+    "restart_policy": _flag("--restart"),
+    "auto_remove": lambda on: ["--rm"] if on else [],
+    "init": lambda on: ["--init"] if on else [],
+    "network_mode": lambda mode: ["--network", mode],
+    "capabilities": lambda caps: [f"--cap-add={cap}" for cap in caps],
+    "ipc_mode": _flag("--ipc"),
+    "shm_size": _flag("--shm-size"),
+    "cpus": _flag("--cpus"),
+    "user": _flag("--user"),
+    "working_dir": _flag("--workdir"),
+    "ulimits": lambda limits: ["--ulimit={}={}".format(*u.split(":", 1)) for u in limits],
+    "device_requests": lambda requests: [f"--gpus={r['count']}" for r in requests],
+    "devices": lambda devices: [f"--device={device}" for device in devices],
+    "mounts": lambda mounts: [_mount(m) for m in mounts],
+    "labels": lambda labels: [f"--label={k}={v}" for k, v in sorted(labels.items())],
+    # the names alone: the values (train_env may hold tokens) reach docker through its
+    # environment (docker_env), never a command line
+    "env": lambda env: [f"--env={name}" for name in sorted(env)],
+    "entrypoint": lambda words: [f"--entrypoint={words[0]}"] if words else [],
+}
+POSITIONAL = ("image", "command")
+
+
+def docker_run_argv(params: dict, job_id: str) -> list[str]:
+    """``docker run`` in the foreground for the parameters, labelled with the Slurm job;
+    ValueError naming a parameter it has no form for."""
+    unknown = sorted(params.keys() - DOCKER_RUN.keys() - set(POSITIONAL))
+    if unknown:
+        raise ValueError(f"no docker run form for the container parameter(s) {', '.join(unknown)}")
+    params = {**params, "labels": {**params.get("labels", {}), JOB_LABEL: job_id}}
+    argv = ["docker", "run"]
+    for key, words in DOCKER_RUN.items():
+        if key in params:
+            argv += words(params[key])
+    after = list(params.get("entrypoint", []))[1:]
+    return [*argv, params["image"], *after, *params.get("command", [])]
+
+
+def docker_env(params: dict) -> dict[str, str]:
+    """The docker CLI's environment: this process's, with the container's values (``--env
+    NAME`` takes each from it)."""
+    return {**os.environ, **{k: str(v) for k, v in params.get("env", {}).items()}}

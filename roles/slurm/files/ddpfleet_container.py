@@ -1,0 +1,1 @@
+../../../ddpfleet_agent/container.py
