@@ -48,11 +48,13 @@ def elapsed(seconds: float) -> str:
     return f"{minutes} min {rest} s" if rest else f"{minutes} min"
 
 
-def progress_line(task_name: str, host: str, waited: float) -> str:
-    """The line a retry prints: the wait's label and how long it has waited; never FAILED."""
+def progress_line(task_name: str, host: str, waited: float, where: str = "") -> str:
+    """The line a retry prints: the wait's label and how long it has waited; never FAILED.
+    ``host`` is Ansible's label (``node2 -> node1`` for a delegated task), ``where`` the host
+    the task runs on, named in a labelled wait."""
     for prefix, label in LABELS.items():
         if task_name.startswith(prefix):
-            return f"{label}: running on {host}, {elapsed(waited)}"
+            return f"{label}: running on {where or host}, {elapsed(waited)}"
     return f"waiting: [{host}]: {task_name} ({elapsed(waited)})"
 
 
@@ -78,4 +80,6 @@ class CallbackModule(DefaultCallback):
         if now - last < EVERY:
             return
         self._waits[key][1] = now
-        self._display.display(progress_line(task_name, host, now - started), color=C.COLOR_DEBUG)
+        where = result.task.delegate_to or result.host.get_name()
+        line = progress_line(task_name, host, now - started, str(where))
+        self._display.display(line, color=C.COLOR_DEBUG)

@@ -81,6 +81,14 @@ def test_a_retry_prints_progress_and_no_failed(callback: tuple[Any, Screen, Cloc
     assert screen.lines == ["image build: running on node1, 5 s"]
 
 
+def test_a_delegated_build_names_the_host_it_runs_on(callback: tuple[Any, Screen, Clock]) -> None:
+    cb, screen, _clock = callback
+    build = task("Wait for the image build (its log prints torch, CUDA, cuDNN and NCCL versions)")
+    build.delegate_to = "node1"
+    cb.v2_runner_retry(result(build, "node2", retries=356, attempts=1))
+    assert screen.lines == ["image build: running on node1, 5 s"]
+
+
 def test_a_wait_prints_at_most_one_line_a_minute(callback: tuple[Any, Screen, Clock]) -> None:
     cb, screen, clock = callback
     ready = task("Wait for Prometheus to be ready on its cluster address", delay=2)
