@@ -89,6 +89,23 @@ def test_a_delegated_build_names_the_host_it_runs_on(callback: tuple[Any, Screen
     assert screen.lines == ["image build: running on node1, 5 s"]
 
 
+def test_the_build_s_steps_show_at_once_and_are_kept(callback: tuple[Any, Screen, Clock]) -> None:
+    """ddpfleet_build_status's build_step: a new step is shown at once, the same one once a
+    minute, and a poll that saw no step (between two) keeps the last."""
+    cb, screen, clock = callback
+    build = task("Wait for the image build (its log prints torch, CUDA, cuDNN and NCCL versions)")
+    steps = ["resolving the Python stack", "", "installing the Python stack (1/6)"]
+    steps += ["installing the Python stack (1/6)"] * 14 + [""] * 3
+    for attempt, step in enumerate(steps, start=1):
+        cb.v2_runner_retry(result(build, "node1", retries=356, attempts=attempt, build_step=step))
+        clock.now += 5
+    assert screen.lines == [
+        "image build: resolving the Python stack on node1, 5 s",
+        "image build: installing the Python stack (1/6) on node1, 15 s",
+        "image build: installing the Python stack (1/6) on node1, 1 min 15 s",
+    ]
+
+
 def test_a_wait_prints_at_most_one_line_a_minute(callback: tuple[Any, Screen, Clock]) -> None:
     cb, screen, clock = callback
     ready = task("Wait for Prometheus to be ready on its cluster address", delay=2)
