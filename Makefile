@@ -13,10 +13,10 @@ RUN_ID ?= demo
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv host-deps lint generate format unit test-gpu check e2e test tensorboard infra sandbox sandbox-down demo bench bench-decode bench-balance clean
+.PHONY: help venv host-deps lint generate format unit test-gpu check e2e test tensorboard report infra sandbox sandbox-down demo bench bench-decode bench-balance clean
 
 help: ## List the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 # pip byte-compiles one file at a time: the venv's modules are compiled after it, on every core
 # (the torch stack: 58 s of a 90 s install, against 15 s; 2-core EPYC, 2026-12-01). Files that
@@ -55,7 +55,9 @@ format: $(STAMP) ## Apply ruff's formatting and safe fixes
 # One worker per core (pytest-xdist): on 2 cores the tier took 621 s instead of 865 s (EPYC
 # without AVX512, 2026-11-26); its waits (torch start-up, playbook runs, timeouts) overlap.
 # UNIT_ARGS: more pytest arguments (make test runs the tier in two parts with -m).
-unit: $(STAMP) $(JPEG_LIB) ## Unit tier: pure Python, filters, trainer on CPU (incl. 2-rank gloo runs)
+# tools/browser-deps.sh: the console page's unit test renders it in headless Chromium.
+unit: $(STAMP) $(JPEG_LIB) ## Unit tier: pure Python, filters, trainer on CPU (incl. 2-rank gloo runs), the console page in Chromium
+	bash tools/browser-deps.sh
 	$(BIN)/python -m pytest tests/unit -n auto --durations=40 $(UNIT_ARGS)
 
 test-gpu: $(STAMP) ## GPU tier, on a host with an NVIDIA GPU only (not in make test: CI has none)
@@ -80,6 +82,12 @@ tensorboard: $(STAMP) ## Serve a run's TensorBoard curves on the controller: mak
 	$(BIN)/ansible-playbook -i $(INVENTORY) tensorboard.yml -e run_id=$(RUN)
 	$(BIN)/tensorboard --logdir .cache/tensorboard/$(RUN) --host 127.0.0.1 --port $(or $(PORT),6006)
 
+# status.yml shows a run's state; for a completed run also its report, and it copies report.png
+# to .cache/runs/<id>/ on the controller, as train.yml does when it has followed a run to its end.
+report: $(STAMP) ## A run's state, and a completed run's report with report.png copied to .cache/runs/<id>/: make report RUN=<id>
+	@test -n "$(RUN)" || { echo "make report: give the run, e.g. make report RUN=1234" >&2; exit 2; }
+	$(BIN)/ansible-playbook -i $(INVENTORY) status.yml -e run_id=$(RUN)
+
 infra: $(STAMP) ## testinfra node checks against INVENTORY (default: the sandbox)
 	$(BIN)/python -m pytest tests/infra --hosts=ansible://all --ansible-inventory=$(INVENTORY)
 
@@ -89,7 +97,9 @@ sandbox: $(STAMP) host-deps ## Create the sandbox cluster and write inventory/sa
 sandbox-down: $(STAMP) ## Remove everything the sandbox made, and nothing else
 	$(BIN)/python -m sandbox down
 
-demo: sandbox ## Sandbox up, site.yml, train.yml -e run_id=$(RUN_ID), summary table
+# The demo ends with train.yml's report: the summary table, report.png copied to
+# .cache/runs/$(RUN_ID)/, the console page's address and the TensorBoard command.
+demo: sandbox ## Sandbox up, site.yml, train.yml -e run_id=$(RUN_ID): summary table, report.png on the controller
 	$(BIN)/ansible-playbook -i $(INVENTORY) site.yml
 	$(BIN)/ansible-playbook -i $(INVENTORY) train.yml -e run_id=$(RUN_ID)
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Make sure the e2e tier's browser is there: Debian's headless Chromium (and a font), which
-# renders the monitoring console page. Returns at once where it is; installs it with apt
-# where we are root on a Debian-like host (CI, a bare build machine); anywhere else prints one
-# line saying what is missing and exits 1.
+# Make sure the tests' browser is there: Debian's headless Chromium (and a font), which
+# renders the monitoring console page (a unit test, and the e2e tier). Returns at once where
+# it is; installs it with apt where we are root on a Debian-like host (CI, a bare build
+# machine); anywhere else prints one line saying what is missing and exits 1.
 set -euo pipefail
 command -v chromium >/dev/null 2>&1 && exit 0
 if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
@@ -12,5 +12,5 @@ if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
 		chromium fonts-dejavu-core >/dev/null
 	exit 0
 fi
-echo "browser-deps: the e2e tier needs chromium (Debian/Ubuntu: apt-get install chromium)" >&2
+echo "browser-deps: the console page tests (unit and e2e) need chromium (Debian/Ubuntu: apt-get install chromium)" >&2
 exit 1

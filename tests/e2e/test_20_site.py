@@ -41,6 +41,13 @@ def test_site_succeeds_on_every_node(provisioned: PlaybookRun, sandbox: Any) -> 
         assert (counts["failed"], counts["unreachable"]) == (0, 0), host
 
 
+def test_first_run_prints_no_failed_line(provisioned: PlaybookRun) -> None:
+    """`make demo`'s site.yml reads cleanly: its waits (the image build, Prometheus, Slurm's
+    nodes) print progress (callback_plugins/ddpfleet.py), never "FAILED - RETRYING"."""
+    out = provisioned.stdout + provisioned.stderr
+    assert [line for line in out.splitlines() if "FAILED" in line] == [], provisioned.tail()
+
+
 def test_rerun_changes_nothing(rerun: PlaybookRun) -> None:
     assert rerun.rc == 0, rerun.tail()
     assert rerun.recap, rerun.tail()

@@ -279,9 +279,26 @@ def test_train_follows_the_run_with_progress_lines(synthetic) -> None:
     assert [step for step, _ in lines] == sorted(step for step, _ in lines)
 
 
+def failed_lines(out: str) -> list[str]:
+    """Lines that say FAILED: Ansible's "FAILED - RETRYING" of a wait or a "fatal: ... FAILED!"."""
+    return [line for line in out.splitlines() if "FAILED" in line]
+
+
 def test_report_table_and_plot(cluster: Any, synthetic) -> None:
-    rid, run, _ = synthetic
+    """What `make demo` ends with, on the first completed run: the summary table, report.png
+    copied to the controller, the console page's address and the TensorBoard command, and no
+    line that says FAILED on the way (the waits print progress instead)."""
+    rid, run, other = synthetic
     assert f"run {rid} completed" in run.stdout
+    assert failed_lines(run.stdout + run.stderr) == [], run.tail()
+    assert failed_lines(other.stdout + other.stderr) == [], other.tail()
+    png = (cluster.root / ".cache" / "runs" / rid / "report.png").resolve()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"plot: {png} (on the controller;" in run.stdout, run.tail()
+    console = f"console: http://{cluster.nodes[0].ip}:{PROMETHEUS_PORT}/consoles/ddpfleet.html"
+    assert f"{console}?run_id={rid}" in run.stdout, run.tail()
+    assert f"curves: make tensorboard RUN={rid}" in run.stdout, run.tail()
+    assert not list(png.parent.glob(".report.png.*"))  # both train.yml's copies were renamed
     assert re.search(r"^\s*\"?\s*total\s+\d+\.\d", run.stdout, re.M), run.tail()
     assert "final loss" in run.stdout
     head = cluster.ssh(cluster.nodes[0], f"head -c 8 {SHARED}/runs/{rid}/report.png | od -An -c")

@@ -7,6 +7,7 @@ one fixture; after each module it removes this session's containers, runs and da
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
 from typing import Any
 
@@ -46,3 +47,5 @@ def cluster(request: pytest.FixtureRequest, sandbox: Any) -> Any:
     sandbox.ssh(
         sandbox.nodes[0], f"rm -rf {SHARED}/runs/e2e-{STAMP}-* {SHARED}/datasets/e2e-{STAMP}*"
     )
+    for copy in (sandbox.root / ".cache" / "runs").glob(f"e2e-{STAMP}-*"):  # report.png copies
+        shutil.rmtree(copy, ignore_errors=True)
