@@ -17,7 +17,7 @@ SHRINKS = {"min-hosts": 2, "world-size": 3, "addresses": ADDRESSES}
 
 def completed_summary(c) -> None:
     """What trainer rank 0 leaves behind at the end of the last start (fake ranks write none)."""
-    (c.run_dir / "summary.json").write_text(json.dumps({"status": "completed", "world_size": 2}))
+    c.part_path.write_text(json.dumps({"status": "completed", "world_size": 2}))
 
 
 def test_node_rank_0_s_host_killed_the_next_host_serves_the_store_and_the_run_completes(cluster):
