@@ -27,8 +27,8 @@ from pathlib import Path
 
 from ddpfleet_agent.cli import AgentConfig
 from ddpfleet_agent.membership import Membership, StoreLost
-from ddpfleet_agent.store import StoreClient, StoreServer
-from ddpfleet_agent.wire import SHAPES, seal, unseal
+from ddpfleet_agent.store import StoreClient, StoreError, StoreServer
+from ddpfleet_agent.wire import SHAPES, admits, launch_key, seal, unseal
 
 
 class Peers(Membership):
@@ -91,6 +91,7 @@ class Peers(Membership):
             raise StoreLost(why) from None
         if len(self.key) < 32:
             raise StoreLost(f"the run's key {path} is shorter than 32 bytes")
+        self.key = launch_key(self.key, self.cfg.attempt)  # an earlier launch's values: unsealed
         self._open()
 
     def _open(self) -> None:
@@ -98,7 +99,7 @@ class Peers(Membership):
         host, port = self.cfg.store_host, self.cfg.store_port
         try:
             if self.cfg.is_server and self.server is None:
-                self.server = StoreServer(host, port)
+                self.server = StoreServer(host, port, admits(self.key))
             if self.store is not None:
                 self.store.close()
             self.store = StoreClient(host, port, self.cfg.peer_timeout)
@@ -110,6 +111,11 @@ class Peers(Membership):
             raise StoreLost("not connected")
         try:
             return fn(*args)
+        except StoreError as exc:  # full, or a key refused: the run goes on without this write
+            if (said := f"refused {args[0]}") not in self.ignored:
+                self.ignored.add(said)
+                self.note(f"the store {said}: {exc}")
+            return None
         except (RuntimeError, OSError) as exc:
             raise StoreLost(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
 
