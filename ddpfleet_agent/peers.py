@@ -13,7 +13,8 @@ clock, so clocks need not agree.
 
 The store takes any client on the cluster network, so every value is sealed: the JSON value
 with an HMAC-SHA256 over the key's name and the value, under the run's secret (``--key-file``,
-made at launch, readable by root and the storage owner only). What fails the check, or has
+made at launch, readable by root and the storage owner only) bound to the launch (``--attempt``,
+wire.launch_key); node rank 0 serves only such values (wire.admits). What fails the check, or has
 another shape than agents write, is ignored and named once in the host's log. A keepalive
 counts only when its count grows, so a value seen before, sent again, keeps no host alive.
 """

@@ -13,11 +13,12 @@ bytes of a JSON object; values travel base64-coded, so a client may store any by
 over ``MAX_FRAME`` or that is not such an object closes the connection; a request the server
 cannot apply is answered with ``error`` (raised on the client as ``StoreError``). The store
 takes any client on the cluster network, as c10d's did, within bounds: ``MAX_CONNECTIONS`` at
-once (one more is closed at once), each closed after ``IDLE_S`` without a request (the client
-connects again on its next call), a frame read as its bytes arrive and within ``FRAME_S``, the
-frames being received bounded in bytes (``SMALL``, ``MAX_PENDING``), the keys and values in
-memory (store_data.py). Node rank 0's agent serves it with wire.admits: the agents' keys only,
-and values sealed with the run's secret for this launch, so a stray client cannot fill it.
+once (one more is closed at once), each closed after frames.IDLE_S without a request (the
+client connects again on its next call), a frame read as its bytes arrive and within
+frames.FRAME_S, the frames being received bounded in bytes (frames.SMALL, MAX_PENDING), the
+keys and values in memory (store_data.py). Node rank 0's agent serves it with wire.admits: the
+agents' keys only, and values sealed with the run's secret for this launch, so a stray client
+cannot fill it.
 """
 
 from __future__ import annotations
@@ -37,14 +38,14 @@ from ddpfleet_agent.store_data import encode as _encode
 __all__ = ["MAX_FRAME", "StoreClient", "StoreError", "StoreServer", "server_class"]
 
 
-def _bytes(value: bytes | str) -> bytes:
-    return value.encode() if isinstance(value, str) else value
-
-
 CONNECT_RETRY_S = 0.2  # between attempts while the server is not up yet (or not reachable)
 # One connection per agent (a reconnect closes the old one first): 256 serves runs of 200 hosts
 # and more, with room for the probes of hosts left out (membership.reconnect); each is a thread.
 MAX_CONNECTIONS = 256
+
+
+def _bytes(value: bytes | str) -> bytes:
+    return value.encode() if isinstance(value, str) else value
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -68,13 +69,14 @@ class _Handler(socketserver.BaseRequestHandler):
 class _Server(socketserver.ThreadingTCPServer):
     allow_reuse_address = True  # node rank 0's agent started again on the port it had
     daemon_threads = True  # a client's thread does not keep the agent from exiting
-    request_queue_size = 64
+    request_queue_size = 64  # connections waiting to be accepted (5 unless told): a burst of
+    # a stray client's does not leave an agent's reconnect waiting on TCP's SYN retries
     data: Data
     budget: Budget
     lock: threading.Lock
     connections: set[socket.socket]
 
-    def process_request(self, request, client_address) -> None:
+    def process_request(self, request: socket.socket, client_address: tuple) -> None:
         """A thread for the connection, or closed at once when MAX_CONNECTIONS are open."""
         with self.lock:
             full = len(self.connections) >= MAX_CONNECTIONS
