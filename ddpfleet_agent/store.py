@@ -28,10 +28,9 @@ import socket
 import socketserver
 import threading
 import time
-from collections.abc import Callable
 
 from ddpfleet_agent.frames import MAX_FRAME, Budget, Hangup, receive, recv_frame, send_frame
-from ddpfleet_agent.store_data import Data, StoreError
+from ddpfleet_agent.store_data import Admits, Data, StoreError
 from ddpfleet_agent.store_data import decode as _decode
 from ddpfleet_agent.store_data import encode as _encode
 
@@ -99,10 +98,8 @@ class StoreServer:
     """Serve the store on ``host:port`` (the address family of ``host``: IPv6 too) from a
     daemon thread of this process; OSError when the address cannot be bound."""
 
-    def __init__(
-        self, host: str, port: int, admits: Callable[[str, bytes | None], str] | None = None
-    ):
-        """``admits``: why the server refuses a key, or a value for it (store_data.Data)."""
+    def __init__(self, host: str, port: int, admits: Admits | None = None):
+        """``admits``: why the server refuses a request (store_data.Admits)."""
         self._server = server_class(_Server, host, port)((host, port), _Handler)
         self._server.data, self._server.budget = Data(admits), Budget()
         self._server.lock = threading.Lock()

@@ -21,6 +21,8 @@ MAX_BYTES = 64 << 20  # memory the keys and values take in all
 # entry, in tables up to ~2x the entries right after they grow (38 bytes an entry measured at
 # 100000 entries with tracemalloc, CPython 3.11), and pymalloc's rounding of key and value.
 ENTRY = 96
+# why the server refuses a request (op, key, value: None but for set and compare_set), '' if not
+Admits = Callable[[str, str, bytes | None], str]
 
 
 class StoreError(RuntimeError):
@@ -46,17 +48,16 @@ def cost(key: str, value: bytes) -> int:
 
 
 class Data:
-    """The store's keys and values, under one lock. ``admits(key, value)``: why the server
-    refuses a key, or a value for it (value None: a read), '' when it takes it."""
+    """The store's keys and values, under one lock; ``admits``: what the server takes."""
 
-    def __init__(self, admits: Callable[[str, bytes | None], str] | None = None) -> None:
+    def __init__(self, admits: Admits | None = None) -> None:
         self.values: dict[str, bytes] = {}
         self.size = 0
         self.lock = threading.Lock()
         self.admits = admits
 
     def _put(self, key: str, value: bytes) -> None:
-        if self.admits and (why := self.admits(key, value)):
+        if self.admits and (why := self.admits("set", key, value)):
             raise StoreError(why)
         old = self.values.get(key)
         grown = cost(key, value) - (cost(key, old) if old is not None else 0)
@@ -71,7 +72,7 @@ class Data:
         named = isinstance(keys, list) and all(isinstance(k, str) and k for k in keys)
         if not (keys and named):
             raise StoreError("keys must be non-empty strings")
-        refused = [why for k in keys if self.admits and (why := self.admits(k, None))]
+        refused = [why for k in keys if self.admits and (why := self.admits(str(op), k, None))]
         if refused:
             raise StoreError(refused[0])
         key = keys[0]

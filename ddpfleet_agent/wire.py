@@ -10,9 +10,10 @@ that layout and its MAC matches, all checked before its JSON is parsed: what fai
 reason, is not a value (None).
 
 The store's server (node rank 0's agent) takes only this: ``admits`` refuses a key of another
-pattern than ``KEY`` (derived from ``SHAPES``: a key kind added there is accepted here) and a
-value that is not sealed for its key, so a client without the secret can neither fill the store
-nor put anything in it an agent would read.
+pattern than ``KEY`` (derived from ``SHAPES``: a key kind added there is accepted here), a
+delete of a key agents do not delete (one they wait for), and a value not sealed for its key,
+so a client without the secret can neither fill the store nor put anything in it an agent
+would read, nor take away what the agents wait for.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ KEY = re.compile(rf"(?:{'|'.join(map(re.escape, SHAPES))})(?:/[0-9]{{1,5}})?(?:@
 # host's ``dumped/<n>`` or ``ranks/<n>`` of 64 ranks, ~58 KB and ~26 KB sealed with every field
 # at its longest (test_wire.py); 1 MiB leaves room for ~1000 ranks a host.
 MAX_VALUE = 1 << 20
+DELETED = ("join/",)  # the only keys agents delete: a request answered (membership.welcome)
 _HEAD, _MID, _TAIL = b'{"mac": "', b'", "v": ', b"}"  # seal()'s layout around MAC and value
 _MAC_HEX = 64
 
@@ -135,13 +137,15 @@ def unseal(key: bytes, name: str, raw: bytes | str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def admits(key: bytes) -> Callable[[str, bytes | None], str]:
-    """The store server's check (store.StoreServer): why it refuses key ``name`` or a value
-    ``raw`` for it (None: no value, a read), '' when it takes it."""
+def admits(key: bytes) -> Callable[[str, str, bytes | None], str]:
+    """The store server's check (store_data.Admits): why it refuses ``op`` on key ``name``, or
+    a value ``raw`` for it (None: no value), '' when it takes it."""
 
-    def check(name: str, raw: bytes | None) -> str:
+    def check(op: str, name: str, raw: bytes | None) -> str:
         if not KEY.fullmatch(name):
             return f"{name[:40]!r} is not a key the agents use"
+        if op == "delete_key" and not name.startswith(DELETED):
+            return f"{name} is not deleted by the agents"
         if raw is not None and _body(key, name, raw) is None:
             return f"the value of {name} is not sealed for this launch"
         return ""

@@ -1,7 +1,7 @@
 """Random frames and values thrown at the store of real agents (conftest.Cluster) while they run:
-bad JSON, deep nesting, huge and false lengths, wrong types, unsigned and replayed values under
-every key pattern the agents use, half-sent frames and many idle connections. The run completes.
-Seeded: the seed is printed, and DDPFLEET_FUZZ_SEED=<seed> runs the same throws again."""
+bad JSON, deep nesting, huge and false lengths, wrong types, unsigned and replayed values and
+deletes under every key pattern the agents use, half-sent frames and many idle connections. The
+run completes. Seeded: the seed is printed, and DDPFLEET_FUZZ_SEED=<seed> throws the same again."""
 
 from __future__ import annotations
 
@@ -72,7 +72,9 @@ def _throw_values(port: int, rng: random.Random, until: float) -> None:
         key, value = rng.choice(keys), _junk(rng)
         raw = value if isinstance(value, bytes) else str(value).encode()
         with contextlib.suppress(Exception):  # refused: StoreError, and sometimes OSError
-            if rng.random() < 0.3 and (seen := client.get(rng.choice(keys))) is not None:
+            if rng.random() < 0.1:
+                client.delete_key(key)  # refused but for join/<n>: none that agents wait for
+            elif rng.random() < 0.3 and (seen := client.get(rng.choice(keys))) is not None:
                 client.set(key, seen)  # a sealed value copied, set again (maybe elsewhere)
             elif rng.random() < 0.5:
                 client.set(key, raw)

@@ -93,10 +93,12 @@ def test_the_largest_value_agents_write_is_far_under_the_cap() -> None:
 def test_the_server_takes_every_key_kind_of_shapes_and_its_node_and_generation(kind) -> None:
     check = admits(KEY)
     for name in (kind, f"{kind}/3", f"{kind}@2", f"{kind}/12345@999999"):
-        assert check(name, None) == ""
-        assert check(name, seal(KEY, name, {}).encode()) == ""
-        assert "not sealed" in check(name, json.dumps({"x": 1}).encode())
-        assert "not sealed" in check(name, seal(KEY, f"{name}x", {}).encode())
+        assert check("get", name, None) == ""
+        assert check("set", name, seal(KEY, name, {}).encode()) == ""
+        assert "not sealed" in check("set", name, json.dumps({"x": 1}).encode())
+        assert "not sealed" in check("set", name, seal(KEY, f"{name}x", {}).encode())
+        deleted = check("delete_key", name, None)
+        assert deleted == "" if name.startswith("join/") else "not deleted by" in deleted
 
 
 @pytest.mark.parametrize(
@@ -117,7 +119,7 @@ def test_the_server_takes_every_key_kind_of_shapes_and_its_node_and_generation(k
     ],
 )
 def test_the_server_refuses_a_key_agents_do_not_use(name) -> None:
-    assert "not a key the agents use" in admits(KEY)(name, None)
+    assert "not a key the agents use" in admits(KEY)("get", name, None)
 
 
 @pytest.fixture
@@ -175,3 +177,12 @@ def test_a_request_to_come_back_set_again_after_its_welcome_is_not_taken(peers) 
     assert peers.joins() == [2]
     with pytest.raises(StoreError, match="not sealed"):
         peers.store.set("join/2", json.dumps({**asking, "generation": 9}))
+
+
+def test_the_server_refuses_to_delete_a_key_the_agents_wait_for(peers) -> None:
+    """A stray client deleting node rank 0's word on who restarts (``members@<g>``) left the
+    others waiting for it until they counted the store as lost."""
+    peers._set("members@1", {"nodes": [0, 1], "missing": []})
+    with pytest.raises(StoreError, match="members@1 is not deleted by the agents"):
+        peers.store.delete_key("members@1")
+    assert peers.store.check(["members@1"])
