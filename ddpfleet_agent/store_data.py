@@ -57,8 +57,6 @@ class Data:
         self.admits = admits
 
     def _put(self, key: str, value: bytes) -> None:
-        if self.admits and (why := self.admits("set", key, value)):
-            raise StoreError(why)
         old = self.values.get(key)
         grown = cost(key, value) - (cost(key, old) if old is not None else 0)
         if grown > 0 and self.size + grown > MAX_BYTES:
@@ -72,24 +70,27 @@ class Data:
         named = isinstance(keys, list) and all(isinstance(k, str) and k for k in keys)
         if not (keys and named):
             raise StoreError("keys must be non-empty strings")
-        refused = [why for k in keys if self.admits and (why := self.admits(str(op), k, None))]
+        key, value = keys[0], None
+        if op in ("set", "compare_set"):
+            value = decode(req.get("value" if op == "set" else "desired"))
+        # checked before the lock: a MAC over a value of up to 1 MiB keeps no other call waiting
+        refused = [why for k in keys if self.admits and (why := self.admits(str(op), k, value))]
         if refused:
             raise StoreError(refused[0])
-        key = keys[0]
         with self.lock:
-            if op == "set":
-                self._put(key, decode(req.get("value")))
+            if op == "set" and value is not None:
+                self._put(key, value)
                 return {}
             if op == "get":
                 return {"value": encode(self.values.get(key))}
             if op == "check":
                 return {"found": all(k in self.values for k in keys)}
-            if op == "compare_set":  # c10d's: a missing key counts as the empty value only
-                expected, desired = decode(req.get("expected")), decode(req.get("desired"))
-                current = self.values.get(key)
+            if op == "compare_set" and value is not None:
+                # c10d's meaning: a missing key counts as the empty value only
+                expected, current = decode(req.get("expected")), self.values.get(key)
                 if current == expected or (current is None and not expected):
-                    self._put(key, desired)
-                    return {"value": encode(desired)}
+                    self._put(key, value)
+                    return {"value": encode(value)}
                 return {"value": encode(current if current is not None else expected)}
             if op == "delete_key":
                 old = self.values.pop(key, None)
