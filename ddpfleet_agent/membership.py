@@ -36,6 +36,7 @@ class Membership:
     cfg: AgentConfig
     store: StoreClient | None
     members: list[int]
+    taken_back: dict[int, int]
     generation: int
     views: dict[int, dict]
     seen: dict[int, tuple[int, float]]
@@ -133,8 +134,11 @@ class Membership:
         out = [n for n in range(len(self.cfg.hosts)) if n not in self.members]
 
         def asked(n: int) -> bool:
+            """A request naming a generation not older than the host's last welcome: as this
+            agent wrote it, or as the store has it (an older copy set over it does not count)."""
             request, answer = self._get(f"join/{n}"), self._get(f"welcome/{n}") or {}
-            return request is not None and request["generation"] >= answer.get("generation", 0)
+            last = max(self.taken_back.get(n, 0), answer.get("generation", 0))
+            return request is not None and request["generation"] >= last
 
         return self._guarded(lambda: [n for n in out if asked(n)])
 
@@ -145,6 +149,7 @@ class Membership:
 
         def write() -> None:
             for n in joining:
+                self.taken_back[n] = generation
                 self._set(f"welcome/{n}", {"generation": generation, "nodes": nodes})
                 with contextlib.suppress(StoreLost):  # the answer counts; the request may stay
                     self._call(self.store.delete_key, f"join/{n}")  # type: ignore[union-attr]

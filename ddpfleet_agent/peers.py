@@ -50,6 +50,7 @@ class Peers(Membership):
         self.beats = 0  # this host's keepalive count
         self.generation = 0  # starts of the command before this one's (restarts.py)
         self.members = list(range(self.n))  # the node ranks of this generation's hosts
+        self.taken_back: dict[int, int] = {}  # node rank 0: host -> generation it was let into
 
     def _scoped(self, key: str) -> str:
         """The key of this generation (the first one's have no suffix)."""

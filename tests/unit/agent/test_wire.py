@@ -173,6 +173,8 @@ def test_a_request_to_come_back_set_again_after_its_welcome_is_not_taken(peers) 
     assert not peers.store.check(["join/2"])  # taken: the request is answered and gone
     peers.store.set("join/2", copied)  # a copy, set again by anyone who read it
     assert peers.joins() == []
+    peers.store.set("welcome/2", seal(KEY, "welcome/2", {"generation": 0, "nodes": [0, 1, 2]}))
+    assert peers.joins() == []  # nor with an older welcome's copy set over the newer one
     peers._set("join/2", {**asking, "generation": 3})  # h2, out again after generation 3
     assert peers.joins() == [2]
     with pytest.raises(StoreError, match="not sealed"):
