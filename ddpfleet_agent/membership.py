@@ -3,10 +3,12 @@
 The half of ``peers.Peers`` that changes ``members`` (the node ranks of this generation's hosts).
 At each restart every agent says it is ready (``ready/<n>@<g>``) and node rank 0 decides who
 starts the next generation: those ready in time (``members@<g>``). A host left out (gone, cut
-off) whose agent reaches the store again asks to come back (``join/<n>``); node rank 0 lets it
-in at the next checkpoint boundary: it ends the generation (a claimed failure marked
-``regrow``), tells the host which generation it joins and with whom (``welcome/<n>``), and the
-hosts regroup with it. Values are sealed like every other key of the store (peers.py).
+off) whose agent reaches the store again asks to come back (``join/<n>``, naming the last
+generation it was in: a copy of an earlier request, set again, names one older than its last
+welcome and is not taken); node rank 0 lets it in at the next checkpoint boundary: it ends the
+generation (a claimed failure marked ``regrow``), tells the host which generation it joins and
+with whom (``welcome/<n>``, taken only when newer than the host's generation), and the hosts
+regroup with it. Values are sealed like every other key of the store (peers.py).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Membership:
     address: Callable
     _shaped: Callable
     members: list[int]
+    taken_back: dict[int, int]
     generation: int
     views: dict[int, dict]
     seen: dict[int, tuple[int, float]]
@@ -204,12 +207,21 @@ class Membership:
 
     def ask_to_join(self) -> None:
         key = f"join/{self.cfg.node_rank}"
-        self._guarded(lambda: self._set(key, {"host": self.cfg.host, "time": time.time()}))
+        asked = {"host": self.cfg.host, "time": time.time(), "generation": self.generation}
+        self._guarded(lambda: self._set(key, asked))
 
     def joins(self) -> list[int]:
-        """Node rank 0: the hosts left out that asked to come back."""
+        """Node rank 0: the hosts left out that asked to come back since they were last let in."""
         out = [n for n in range(len(self.cfg.hosts)) if n not in self.members]
-        return self._guarded(lambda: [n for n in out if self._get(f"join/{n}") is not None])
+
+        def asked(n: int) -> bool:
+            """A request naming a generation not older than the host's last welcome: as this
+            agent wrote it, or as the store has it (an older copy set over it does not count)."""
+            request, answer = self._get(f"join/{n}"), self._get(f"welcome/{n}") or {}
+            last = max(self.taken_back.get(n, 0), answer.get("generation", 0))
+            return request is not None and request["generation"] >= last
+
+        return self._guarded(lambda: [n for n in out if asked(n)])
 
     def welcome(self, generation: int, joining: list[int]) -> None:
         """Node rank 0: tell the hosts ``joining`` the generation they start with, and with
@@ -218,6 +230,7 @@ class Membership:
 
         def write() -> None:
             for n in joining:
+                self.taken_back[n] = generation
                 self._set(f"welcome/{n}", {"generation": generation, "nodes": nodes})
                 with contextlib.suppress(StoreLost):  # the answer counts; the request may stay
                     self._call(self.store.delete_key, f"join/{n}")  # type: ignore[union-attr]

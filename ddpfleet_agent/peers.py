@@ -13,7 +13,8 @@ clock, so clocks need not agree.
 
 The store takes any client on the cluster network, so every value is sealed: the JSON value
 with an HMAC-SHA256 over the key's name and the value, under the run's secret (``--key-file``,
-made at launch, readable by root and the storage owner only). What fails the check, or has
+made at launch, readable by root and the storage owner only) bound to the launch (``--attempt``,
+wire.launch_key); node rank 0 serves only such values (wire.admits). What fails the check, or has
 another shape than agents write, is ignored and named once in the host's log. A keepalive
 counts only when its count grows, so a value seen before, sent again, keeps no host alive.
 """
@@ -27,8 +28,8 @@ from pathlib import Path
 
 from ddpfleet_agent.cli import AgentConfig
 from ddpfleet_agent.membership import Membership, StoreLost
-from ddpfleet_agent.store import StoreClient, StoreServer
-from ddpfleet_agent.wire import SHAPES, seal, unseal
+from ddpfleet_agent.store import StoreClient, StoreError, StoreServer
+from ddpfleet_agent.wire import SHAPES, admits, launch_key, seal, unseal
 
 
 class Peers(Membership):
@@ -49,6 +50,7 @@ class Peers(Membership):
         self.beats = 0  # this host's keepalive count
         self.generation = 0  # starts of the command before this one's (restarts.py)
         self.members = list(range(self.n))  # the node ranks of this generation's hosts
+        self.taken_back: dict[int, int] = {}  # the store's host: host -> generation it was let into
         self.leader = 0  # the node rank whose agent serves the store (failover.py); -1: unknown
 
     @property
@@ -106,6 +108,7 @@ class Peers(Membership):
             raise StoreLost(why) from None
         if len(self.key) < 32:
             raise StoreLost(f"the run's key {path} is shorter than 32 bytes")
+        self.key = launch_key(self.key, self.cfg.attempt)  # an earlier launch's values: unsealed
 
     def _open(self) -> None:
         """A new connection to the store (its host's agent: serve it first, once, with the
@@ -114,7 +117,7 @@ class Peers(Membership):
         try:
             serve = self.leads and self.server is None
             if serve:
-                self.server = StoreServer(host, port)
+                self.server = StoreServer(host, port, admits(self.key))
             if self.store is not None:
                 self.store.close()
             self.store = StoreClient(host, port, self.cfg.peer_timeout)
@@ -128,6 +131,11 @@ class Peers(Membership):
             raise StoreLost("not connected")
         try:
             return fn(*args)
+        except StoreError as exc:  # full, or a key refused: the run goes on without this write
+            if (said := f"refused {args[0]}") not in self.ignored:
+                self.ignored.add(said)
+                self.note(f"the store {said}: {exc}")
+            return None
         except (RuntimeError, OSError) as exc:
             raise StoreLost(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
 

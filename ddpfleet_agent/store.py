@@ -12,131 +12,48 @@ Wire: a request and its answer are each one frame, a 4-byte big-endian length an
 bytes of a JSON object; values travel base64-coded, so a client may store any bytes. A frame
 over ``MAX_FRAME`` or that is not such an object closes the connection; a request the server
 cannot apply is answered with ``error`` (raised on the client as ``StoreError``). The store
-takes any client on the cluster network, as c10d's did: every value the agents write is sealed
-with the run's secret (wire.py) and what fails the check is ignored, and the store holds at
-most ``MAX_BYTES`` of keys and values, so a stray client cannot exhaust the host's memory.
+takes any client on the cluster network, as c10d's did, within bounds: ``MAX_CONNECTIONS`` at
+once (one more is closed at once), each closed after frames.IDLE_S without a request (the
+client connects again on its next call), a frame read as its bytes arrive and within
+frames.FRAME_S, the frames being received bounded in bytes (frames.SMALL, MAX_PENDING), the
+keys and values in memory (store_data.py). Node rank 0's agent serves it with wire.admits: the
+agents' keys only, and values sealed with the run's secret for this launch, so a stray client
+cannot fill it.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
-import json
 import socket
 import socketserver
 import threading
 import time
 
-MAX_FRAME = 4 << 20  # bytes of one request or answer (the agents' values are a few KB)
-MAX_BYTES = 64 << 20  # keys and values the store holds in all
+from ddpfleet_agent.frames import MAX_FRAME, Budget, Hangup, receive, recv_frame, send_frame
+from ddpfleet_agent.store_data import Admits, Data, StoreError
+from ddpfleet_agent.store_data import decode as _decode
+from ddpfleet_agent.store_data import encode as _encode
+
+__all__ = ["MAX_FRAME", "StoreClient", "StoreError", "StoreServer", "server_class"]
+
+
 CONNECT_RETRY_S = 0.2  # between attempts while the server is not up yet (or not reachable)
-
-
-class StoreError(RuntimeError):
-    """The server refused the request (its ``error``)."""
-
-
-def _encode(value: bytes | None) -> str | None:
-    return None if value is None else base64.b64encode(value).decode("ascii")
-
-
-def _decode(text: object) -> bytes:
-    if not isinstance(text, str):
-        raise StoreError("a value must be a base64 string")
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise StoreError("a value must be a base64 string") from None
+# One connection per agent (a reconnect closes the old one first): 256 serves runs of 200 hosts
+# and more, with room for the probes of hosts left out (membership.reconnect); each is a thread.
+MAX_CONNECTIONS = 256
 
 
 def _bytes(value: bytes | str) -> bytes:
     return value.encode() if isinstance(value, str) else value
 
 
-def send_frame(sock: socket.socket, message: dict) -> None:
-    data = json.dumps(message, separators=(",", ":")).encode()
-    sock.sendall(len(data).to_bytes(4, "big") + data)
-
-
-def _exactly(sock: socket.socket, size: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < size:
-        chunk = sock.recv(size - len(buf))
-        if not chunk:
-            raise ConnectionError("the store's connection closed")
-        buf += chunk
-    return bytes(buf)
-
-
-def recv_frame(sock: socket.socket) -> dict:
-    size = int.from_bytes(_exactly(sock, 4), "big")
-    if size > MAX_FRAME:
-        raise ConnectionError(f"a frame of {size} bytes (at most {MAX_FRAME})")
-    try:
-        message = json.loads(_exactly(sock, size))
-    except (ValueError, UnicodeDecodeError):
-        raise ConnectionError("a frame that is not JSON") from None
-    if not isinstance(message, dict):
-        raise ConnectionError("a frame that is not a JSON object")
-    return message
-
-
-class _Data:
-    """The store's keys and values, under one lock."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, bytes] = {}
-        self.size = 0
-        self.lock = threading.Lock()
-
-    def _put(self, key: str, value: bytes) -> None:
-        old = self.values.get(key)
-        grown = len(value) - len(old) if old is not None else len(key) + len(value)
-        if self.size + grown > MAX_BYTES:
-            raise StoreError(f"the store is full ({MAX_BYTES} bytes)")
-        self.values[key] = value
-        self.size += grown
-
-    def apply(self, req: dict) -> dict:
-        op = req.get("op")
-        keys = req.get("keys") if op == "check" else [req.get("key")]
-        named = isinstance(keys, list) and all(isinstance(k, str) and k for k in keys)
-        if not (keys and named):
-            raise StoreError("keys must be non-empty strings")
-        key = keys[0]
-        with self.lock:
-            if op == "set":
-                self._put(key, _decode(req.get("value")))
-                return {}
-            if op == "get":
-                return {"value": _encode(self.values.get(key))}
-            if op == "check":
-                return {"found": all(k in self.values for k in keys)}
-            if op == "compare_set":  # c10d's: a missing key counts as the empty value only
-                expected, desired = _decode(req.get("expected")), _decode(req.get("desired"))
-                current = self.values.get(key)
-                if current == expected or (current is None and not expected):
-                    self._put(key, desired)
-                    return {"value": _encode(desired)}
-                return {"value": _encode(current if current is not None else expected)}
-            if op == "delete_key":
-                old = self.values.pop(key, None)
-                if old is not None:
-                    self.size -= len(key) + len(old)
-                return {"deleted": old is not None}
-        raise StoreError(f"unknown op {op!r}")
-
-
 class _Handler(socketserver.BaseRequestHandler):
     server: _Server
 
     def handle(self) -> None:
-        with self.server.lock:
-            self.server.connections.add(self.request)
-        with contextlib.suppress(OSError):  # ConnectionError too: a client gone or misbehaving
+        with contextlib.suppress(OSError):  # ConnectionError and timeouts too: the client goes
             while True:
-                req = recv_frame(self.request)
+                req = receive(self.request, self.server.budget)
                 try:
                     answer = self.server.data.apply(req)
                 except StoreError as exc:
@@ -151,9 +68,23 @@ class _Handler(socketserver.BaseRequestHandler):
 class _Server(socketserver.ThreadingTCPServer):
     allow_reuse_address = True  # node rank 0's agent started again on the port it had
     daemon_threads = True  # a client's thread does not keep the agent from exiting
-    data: _Data
+    request_queue_size = 64  # connections waiting to be accepted (5 unless told): a burst of
+    # a stray client's does not leave an agent's reconnect waiting on TCP's SYN retries
+    data: Data
+    budget: Budget
     lock: threading.Lock
     connections: set[socket.socket]
+
+    def process_request(self, request: socket.socket, client_address: tuple) -> None:
+        """A thread for the connection, or closed at once when MAX_CONNECTIONS are open."""
+        with self.lock:
+            full = len(self.connections) >= MAX_CONNECTIONS
+            if not full:
+                self.connections.add(request)
+        if full:
+            self.shutdown_request(request)
+        else:
+            super().process_request(request, client_address)
 
 
 def server_class(base: type[socketserver.TCPServer], host: str, port: int) -> type:
@@ -167,9 +98,10 @@ class StoreServer:
     """Serve the store on ``host:port`` (the address family of ``host``: IPv6 too) from a
     daemon thread of this process; OSError when the address cannot be bound."""
 
-    def __init__(self, host: str, port: int):
+    def __init__(self, host: str, port: int, admits: Admits | None = None):
+        """``admits``: why the server refuses a request (store_data.Admits)."""
         self._server = server_class(_Server, host, port)((host, port), _Handler)
-        self._server.data = _Data()
+        self._server.data, self._server.budget = Data(admits), Budget()
         self._server.lock = threading.Lock()
         self._server.connections = set()
         self.port = self._server.server_address[1]
@@ -191,29 +123,44 @@ class StoreClient:
     (the server's agent may not have started yet), then raises ConnectionError; each call
     waits at most ``timeout`` s for its answer (socket.timeout, an OSError, after that). A
     call raises OSError when the connection fails and StoreError when the server refuses it.
-    Calls from several threads take turns."""
+    A connection the server closed before reading a call (idle for frames.IDLE_S) is opened
+    again once, at once, for that call. Calls from several threads take turns."""
 
     def __init__(self, host: str, port: int, timeout: float):
-        deadline = time.monotonic() + timeout
+        self._where, self._timeout, self._closed = (host, port), timeout, False
+        self._sock = self._connect(retry=True)
+        self._lock = threading.Lock()
+
+    def _connect(self, retry: bool) -> socket.socket:
+        (host, port), deadline = self._where, time.monotonic() + self._timeout
         while True:
             left = deadline - time.monotonic()
             try:
-                self._sock = socket.create_connection((host, port), timeout=max(left, 0.1))
+                sock = socket.create_connection(self._where, timeout=max(left, 0.1))
                 break
             except OSError as exc:
-                if left <= CONNECT_RETRY_S:
-                    raise ConnectionError(
-                        f"no store at {host}:{port} within {timeout:g}s ({exc.strerror or exc})"
-                    ) from None
+                if not retry or left <= CONNECT_RETRY_S:
+                    why = f"{self._timeout:g}s ({exc.strerror or exc})"
+                    raise ConnectionError(f"no store at {host}:{port} within {why}") from None
                 time.sleep(CONNECT_RETRY_S)
-        self._sock.settimeout(timeout)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._lock = threading.Lock()
+        sock.settimeout(self._timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def _exchange(self, request: dict) -> dict:
+        send_frame(self._sock, request)
+        return recv_frame(self._sock)
 
     def _ask(self, request: dict) -> dict:
         with self._lock:
-            send_frame(self._sock, request)
-            answer = recv_frame(self._sock)
+            try:
+                answer = self._exchange(request)
+            except (Hangup, BrokenPipeError, ConnectionResetError):
+                if self._closed:  # close() from another thread
+                    raise
+                self._sock.close()  # the server read nothing of it: the call again, once
+                self._sock = self._connect(retry=False)
+                answer = self._exchange(request)
         if "error" in answer:
             raise StoreError(str(answer["error"]))
         return answer
@@ -238,6 +185,7 @@ class StoreClient:
 
     def close(self) -> None:
         """Close the connection; a call blocked on it in another thread fails at once."""
+        self._closed = True
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()

@@ -1,8 +1,19 @@
 """What the agents put in their store: the shape each key must have to be acted on, and the
 seal that proves an agent of this run wrote it (``ddpfleet_agent.peers`` reads and writes them).
 
-A value is ``{"v": <the JSON value>, "mac": <hex>}``, the MAC being HMAC-SHA256 under the run's
-secret (``agent.key``) over the key's name, a newline and the value's JSON with sorted keys.
+A value is ``{"mac": <hex>, "v": <the JSON value>}``, the MAC being HMAC-SHA256 over the key's
+name, a newline and the value's JSON with sorted keys, under the launch's key: the run's secret
+(``agent.key``) bound to the launch (``launch_key``), so a value copied from an earlier launch does
+not pass in this one. A generation's keys end in ``@<g>`` (peers.py): the MAC covers the
+generation through the name. A value is read only when it is at most ``MAX_VALUE`` bytes, has
+that layout and its MAC matches, all checked before its JSON is parsed: what fails, for any
+reason, is not a value (None).
+
+The store's server (node rank 0's agent) takes only this: ``admits`` refuses a key of another
+pattern than ``KEY`` (derived from ``SHAPES``: a key kind added there is accepted here), a
+delete of a key agents do not delete (one they wait for), and a value not sealed for its key,
+so a client without the secret can neither fill the store nor put anything in it an agent
+would read, nor take away what the agents wait for.
 """
 
 from __future__ import annotations
@@ -10,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Callable
 
 from ddpfleet_agent.ranks import number
@@ -57,7 +69,7 @@ SHAPES: dict[str, Callable[[dict], bool]] = {
     "stop": lambda v: isinstance(v.get("by"), str),
     "dumped": lambda v: isinstance(v.get("host"), str) and isinstance(v.get("ranks"), list),
     "ready": lambda v: isinstance(v.get("host"), str),
-    "join": lambda v: isinstance(v.get("host"), str),
+    "join": lambda v: isinstance(v.get("host"), str) and type(v.get("generation")) is int,
     "welcome": lambda v: (
         type(v.get("generation")) is int
         and isinstance(v.get("nodes"), list)
@@ -71,26 +83,72 @@ SHAPES: dict[str, Callable[[dict], bool]] = {
 }
 
 
-def _mac(key: bytes, name: str, body: str) -> str:
-    return hmac.new(key, f"{name}\n{body}".encode(), hashlib.sha256).hexdigest()
+# The keys agents use: a kind of SHAPES, then ``/<node rank>`` and ``@<generation>`` where the
+# kind has them. Digits bounded: 5 for a node rank, 6 for a generation (restarts).
+KEY = re.compile(rf"(?:{'|'.join(map(re.escape, SHAPES))})(?:/[0-9]{{1,5}})?(?:@[0-9]{{1,6}})?")
+
+# A raw value's size cap, checked before anything else: the largest value agents write is a
+# host's ``dumped/<n>`` or ``ranks/<n>`` of 64 ranks, ~58 KB and ~26 KB sealed with every field
+# at its longest (test_wire.py); 1 MiB leaves room for ~1000 ranks a host.
+MAX_VALUE = 1 << 20
+DELETED = ("join/",)  # the only keys agents delete: a request answered (membership.welcome)
+_HEAD, _MID, _TAIL = b'{"mac": "', b'", "v": ', b"}"  # seal()'s layout around MAC and value
+_MAC_HEX = 64
+
+
+def launch_key(secret: bytes, launch: str) -> bytes:
+    """The key values of one launch (``--attempt``) are sealed under: the run's secret bound to
+    it, so that a value of another launch fails the check in this one."""
+    return hmac.new(secret, f"ddpfleet launch\n{launch}".encode(), hashlib.sha256).digest()
+
+
+def _mac(key: bytes, name: str, body: bytes) -> bytes:
+    return hmac.new(key, name.encode() + b"\n" + body, hashlib.sha256).hexdigest().encode()
 
 
 def seal(key: bytes, name: str, value: dict) -> str:
-    """The store value of key ``name``: ``value`` and its MAC under the run's secret."""
-    mac = _mac(key, name, json.dumps(value, sort_keys=True))
-    return json.dumps({"v": value, "mac": mac}, sort_keys=True)
+    """The store value of key ``name``: ``value`` and its MAC under the launch's key."""
+    mac = _mac(key, name, json.dumps(value, sort_keys=True).encode())
+    return json.dumps({"mac": mac.decode(), "v": value}, sort_keys=True)
+
+
+def _body(key: bytes, name: str, raw: bytes | str) -> bytes | None:
+    """The value's JSON in ``raw`` when ``raw`` is sealed for ``name`` under ``key``: its size,
+    layout and MAC checked, nothing parsed."""
+    data = raw.encode() if isinstance(raw, str) else raw
+    if not isinstance(data, bytes) or len(data) > MAX_VALUE:
+        return None
+    start = len(_HEAD) + _MAC_HEX + len(_MID)
+    if not (data.startswith(_HEAD) and data.endswith(_TAIL) and len(data) > start):
+        return None
+    mac, body = data[len(_HEAD) : len(_HEAD) + _MAC_HEX], data[start : -len(_TAIL)]
+    if data[len(_HEAD) + _MAC_HEX : start] != _MID:
+        return None
+    return body if hmac.compare_digest(_mac(key, name, body), mac) else None
 
 
 def unseal(key: bytes, name: str, raw: bytes | str) -> dict | None:
-    """The value sealed in ``raw`` for ``name`` under ``key``; None when it is not one."""
+    """The value sealed in ``raw`` for ``name`` under ``key``; None when it is not one, for
+    whatever reason (a hostile value may raise anything: RecursionError for deep nesting)."""
     try:
-        outer = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, TypeError):
+        body = _body(key, name, raw)
+        value = None if body is None else json.loads(body)
+    except Exception:  # not a value, whatever went wrong
         return None
-    if not isinstance(outer, dict) or not isinstance(outer.get("mac"), str):
-        return None
-    value = outer.get("v")
-    if not isinstance(value, dict):
-        return None
-    want = _mac(key, name, json.dumps(value, sort_keys=True))
-    return value if hmac.compare_digest(want, outer["mac"]) else None
+    return value if isinstance(value, dict) else None
+
+
+def admits(key: bytes) -> Callable[[str, str, bytes | None], str]:
+    """The store server's check (store_data.Admits): why it refuses ``op`` on key ``name``, or
+    a value ``raw`` for it (None: no value), '' when it takes it."""
+
+    def check(op: str, name: str, raw: bytes | None) -> str:
+        if not KEY.fullmatch(name):
+            return f"{name[:40]!r} is not a key the agents use"
+        if op == "delete_key" and not name.startswith(DELETED):
+            return f"{name} is not deleted by the agents"
+        if raw is not None and _body(key, name, raw) is None:
+            return f"the value of {name} is not sealed for this launch"
+        return ""
+
+    return check

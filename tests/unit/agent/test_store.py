@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpfleet_agent import store
+from ddpfleet_agent import store, store_data
 from ddpfleet_agent.store import StoreClient, StoreError, StoreServer
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -199,17 +199,27 @@ def test_a_stray_client_s_bad_frames_close_its_connection_and_others_go_on(serve
     assert c.get("k") == b"v"
 
 
-def test_the_store_refuses_values_past_its_size_and_frees_what_is_deleted(
+def test_the_store_counts_the_memory_its_entries_take_and_frees_what_is_deleted(
     served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """What Python holds (key and value objects, the dictionary's share), not only their bytes;
+    a full store still takes a value no larger in place of a key's own."""
     _, client = served
-    monkeypatch.setattr(store, "MAX_BYTES", 1000)
+    entry = store_data.cost("a", b"x" * 600)
+    assert entry == sys.getsizeof("a") + sys.getsizeof(b"x" * 600) + store_data.ENTRY
+    monkeypatch.setattr(store_data, "MAX_BYTES", entry + 400)
     c = client()
     c.set("a", "x" * 600)
     with pytest.raises(StoreError, match="full"):
-        c.set("b", "x" * 600)
+        c.set("b", "x" * 300)  # 300 bytes of value fit; its entry does not
     c.set("a", "y" * 900)  # replacing a value counts only the difference
+    with pytest.raises(StoreError, match="full"):
+        c.set("a", "y" * 1100)
+    monkeypatch.setattr(store_data, "MAX_BYTES", 0)  # full: a value no larger is still taken
+    c.set("a", "z" * 900)
+    c.set("a", "z" * 10)
     assert c.delete_key("a")
+    monkeypatch.setattr(store_data, "MAX_BYTES", entry + 400)
     c.set("b", "x" * 600)
     assert c.get("b") == b"x" * 600
 

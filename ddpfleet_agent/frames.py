@@ -1,0 +1,115 @@
+"""The agents' store's wire (store.py): a request and its answer are each one frame, a 4-byte
+big-endian length and that many bytes of a JSON object. What the server reads from a client is
+bounded in time and in memory; what a client reads comes from the run's own store."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+MAX_FRAME = 4 << 20  # bytes of one request or answer (compare_set: two values of 1 MiB, base64)
+# Bounds on what a client holds of the serving agent. Agents call every tick (0.5 s) while
+# running; a longer pause (forensics, regrouping, a host asking to come back) finds its
+# connection closed after IDLE_S and opens a new one on its next call (store.StoreClient), so
+# IDLE_S only bounds how long a silent client holds one of the store's connections. An
+# agent's frame is one sendall of at most ~100 KB (a 64-rank host's forensics record): 10 s is
+# ample even on a loaded link, and bounds how long a half-sent frame holds memory. Frames up to
+# SMALL are read without a budget (store.MAX_CONNECTIONS x SMALL = 32 MiB at most); the bytes of
+# larger ones beyond SMALL, all connections together, are at most MAX_PENDING (a connection that
+# would pass it is closed), so a client announcing 4 MiB and sending slowly holds only what it
+# sent, and an agent's own frames (under SMALL) never wait on that budget.
+IDLE_S = 30.0
+FRAME_S = 10.0
+SMALL = 128 << 10
+MAX_PENDING = 32 << 20
+CHUNK = 64 << 10  # bytes read at a time
+
+
+class Hangup(ConnectionError):
+    """The store's side closed the connection before any of its answer."""
+
+
+def _bytes(value: bytes | str) -> bytes:
+    return value.encode() if isinstance(value, str) else value
+
+
+def send_frame(sock: socket.socket, message: dict) -> None:
+    data = json.dumps(message, separators=(",", ":")).encode()
+    sock.sendall(len(data).to_bytes(4, "big") + data)
+
+
+def _exactly(sock: socket.socket, size: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < size:
+        chunk = sock.recv(size - len(buf))
+        if not chunk:
+            raise ConnectionError("the store's connection closed") if buf else Hangup()
+        buf += chunk
+    return bytes(buf)
+
+
+def _message(data: bytes) -> dict:
+    try:
+        message = json.loads(data)
+    except Exception:  # bad JSON, bad UTF-8, too deep: not a frame, whatever it raised
+        raise ConnectionError("a frame that is not JSON") from None
+    if not isinstance(message, dict):
+        raise ConnectionError("a frame that is not a JSON object")
+    return message
+
+
+def recv_frame(sock: socket.socket) -> dict:
+    """An answer from the store (Hangup: the connection closed before it began)."""
+    head = _exactly(sock, 1)
+    size = int.from_bytes(head + _exactly(sock, 3), "big")
+    if size > MAX_FRAME:
+        raise ConnectionError(f"a frame of {size} bytes (at most {MAX_FRAME})")
+    return _message(_exactly(sock, size))
+
+
+class Budget:
+    """Bytes of large frames being received, all connections together (MAX_PENDING)."""
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.lock = threading.Lock()
+
+    def take(self, size: int) -> None:
+        with self.lock:
+            if self.held + size > MAX_PENDING:
+                raise ConnectionError("too many bytes of frames being received")
+            self.held += size
+
+    def give(self, size: int) -> None:
+        with self.lock:
+            self.held -= size
+
+
+def receive(sock: socket.socket, budget: Budget) -> dict:
+    """A client's request: its first byte within IDLE_S, the rest as it arrives within FRAME_S
+    of that (no buffer sized by the announced length). ConnectionError or TimeoutError else."""
+    sock.settimeout(IDLE_S)
+    deadline, buf, size, taken = 0.0, bytearray(), 4, 0
+    try:
+        while len(buf) < size:
+            if buf:
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            chunk = sock.recv(min(size - len(buf), CHUNK))
+            if not chunk:
+                raise ConnectionError("the client closed its connection")
+            deadline = deadline or time.monotonic() + FRAME_S
+            if (over := len(buf) + len(chunk) - 4 - SMALL - taken) > 0:
+                budget.take(over)
+                taken += over
+            buf += chunk
+            if size == 4 and len(buf) == 4:
+                size += int.from_bytes(buf, "big")
+                if size > MAX_FRAME + 4:
+                    raise ConnectionError(f"a frame of {size - 4} bytes (at most {MAX_FRAME})")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"a frame not received within {FRAME_S:g}s")
+        return _message(bytes(buf[4:]))
+    finally:
+        budget.give(taken)
