@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +42,16 @@ def node_shell(cmd: str, sudoable: bool = True) -> dict:
         [*prefix, "/bin/sh", "-c", cmd], capture_output=True, text=True, check=False
     )
     return {"rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+
+
+def local_playbook(book: Path, **env: str) -> str:
+    """Run ``ansible-playbook`` on localhost with the repository's ansible.cfg (its stdout
+    callback), from the playbook's directory, ``env`` added; returns its exit code's line and
+    output, ``rc=<n>`` first."""
+    run_env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1", **env}
+    done = subprocess.run(
+        [Path(sys.executable).with_name("ansible-playbook"), "-i", "localhost,", "-c", "local",
+         "-e", f"ansible_python_interpreter={sys.executable}", str(book)],
+        cwd=book.parent, env=run_env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    return f"rc={done.returncode}\n{done.stdout}{done.stderr}"

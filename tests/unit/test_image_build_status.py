@@ -4,16 +4,13 @@ otherwise."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import pytest
 from ansible.errors import AnsibleConnectionFailure
-from plugin_loader import ROOT, load_plugin
+from plugin_loader import ROOT, load_plugin, local_playbook
 
 status = load_plugin(
     "ddpfleet_build_status_action", "roles/trainer_image/action_plugins/ddpfleet_build_status.py"
@@ -151,20 +148,12 @@ def test_ansible_playbook_waits_on_real_jobs(tmp_path: Path) -> None:
     that failed fails the wait with its error."""
     book = tmp_path / "wait.yml"
     book.write_text(PLAYBOOK)
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ACTION_PLUGINS": str(ROOT / "roles" / "trainer_image" / "action_plugins"),
-        "ANSIBLE_ASYNC_DIR": str(tmp_path / "async"),
-        "NO_COLOR": "1",
-    }
-    done = subprocess.run(
-        [Path(sys.executable).with_name("ansible-playbook"), "-i", "localhost,", "-c", "local",
-         "-e", f"ansible_python_interpreter={sys.executable}", str(book)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    out = done.stdout + done.stderr
-    assert done.returncode == 2, out[-3000:]
+    out = local_playbook(
+        book,
+        ANSIBLE_ACTION_PLUGINS=str(ROOT / "roles" / "trainer_image" / "action_plugins"),
+        ANSIBLE_ASYNC_DIR=str(tmp_path / "async"),
+    )
+    assert out.startswith("rc=2\n"), out[-3000:]
     assert "TASK [Wait for the good job]" in out
     good = out.split("TASK [Wait for the good job]", 1)[1].split("TASK [", 1)[0]
     assert "[localhost]" in good, out[-3000:]
