@@ -106,13 +106,27 @@ def test_start_yml_gives_docker_container_every_parameter_under_its_own_name() -
         assert value in (f"{{{{ __p.{key} }}}}", f"{{{{ __p.{key} | default(omit) }}}}"), key
 
 
+def tasks_of(path: Path) -> list[dict]:
+    """Every task of a task file, those in blocks (and their rescue) too."""
+    out, todo = [], list(yaml.safe_load(path.read_text()) or [])
+    while todo:
+        t = todo.pop()
+        out.append(t)
+        todo += t.get("block", []) + t.get("rescue", []) + t.get("always", [])
+    return out
+
+
 def test_launch_yml_builds_the_parameters_with_the_builder_and_keeps_them() -> None:
     launch = yaml.safe_load((TASKS / "launch.yml").read_text())
     work = task(TASKS / "launch.yml", "Work out the run's container")
     spec = work["ansible.builtin.set_fact"]["__trainer_run_spec"]
-    assert spec["params"] == "{{ __trainer_run_container | ddpfleet_container_params }}"
+    assert spec["params"] == "{{ __trainer_run_container_inputs | ddpfleet_container_params }}"
     wanted = set(inspect.signature(container_params).parameters)
-    assert set(work["vars"]["__trainer_run_container"]) == wanted
+    assert set(work["vars"]["__trainer_run_container_inputs"]) == wanted
+    # a registered result of the same name outranks a task's vars: the builder got state.yml's
+    # docker_container_info result (its 'changed' key) in a sandbox run
+    registered = {t.get("register") for f in TASKS.glob("*.yml") for t in tasks_of(f)}
+    assert not set(work["vars"]) & registered
     kept = [
         t for block in launch for t in block.get("block", [])
         if t.get("name") == "Keep the container's parameters"
