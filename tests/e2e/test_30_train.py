@@ -387,7 +387,7 @@ def test_status_shows_each_hosts_own_record_when_the_run_directory_cannot_be_rea
 ) -> None:
     """Each agent also writes its exit record on its own host (/var/lib/ddpfleet/runs/<run_id>,
     the storage owner's, 0750). With the run directory unreadable (mode 000 here; a read that
-    a dead NFS server blocks is ended after 60 s), status.yml shows those and fails."""
+    a dead NFS server blocks is ended after 30 s), status.yml shows those and fails."""
     rid, victim = killed["rid"], killed["victim"]
     run_dir = f"{SHARED}/runs/{rid}"
     node1 = cluster.nodes[0]
