@@ -54,8 +54,8 @@ class FailingOver:
 
     def _store_lost(self, exc: Exception) -> Failure:
         """The failure of losing the store: its host, gone when another may take over."""
-        node, why = self.peers.leader, f"({exc})"
-        reason = f"lost the connection to the run's store on {self.cfg.hosts[node]} {why}"
+        node = self.peers.leader
+        reason = f"lost the connection to the run's store on {self.cfg.hosts[node]} ({exc})"
         found = self._failure(node, None, None, reason, gone=self.cfg.can_fail_over)  # type: ignore[attr-defined]
         return {**found, "store_lost": True}
 
@@ -72,7 +72,7 @@ class FailingOver:
             {**cause, "node_rank": -1}, self.causes, cfg.restarts,
             members=len(peers.members), min_hosts=cfg.min_hosts,
         )  # fmt: skip
-        if why is not None or not left:
+        if why is not None:  # else this host is among those left: ``left`` is never empty
             self.failure = {**cause, "reason": f"{cause.get('reason')}; {why}"} if why else cause
             return False
         self.ranks.kill_all()

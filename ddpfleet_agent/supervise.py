@@ -182,7 +182,7 @@ class Agent(Ending, Judging, Restarting, Regrowing, FailingOver):
             self._track(now)
             self._progress(now)
             problem = self._check(now)
-            if problem is not None and problem.get("cut_off") and cfg.can_fail_over:
+            if problem is not None and problem.get("cut_off"):  # judging._may_step_down
                 self._step_down(problem)
                 return "failed", 1
             if problem is not None:
