@@ -7,10 +7,10 @@
   the same global batch (gradient accumulation); node3's agent ends its ranks and waits;
   reconnected, it rejoins at the next checkpoint. Then its container is killed (lost with its
   machine): the others go on without it again, a re-run of train.yml (attaching) launches it
-  again, it rejoins at a checkpoint, and the run completes with 3 hosts. (`docker
-  network disconnect` cuts it off too, but the reconnected node comes back with eth1 instead
-  of eth0, which GLOO_SOCKET_IFNAME names.) The failing half (a host gone with shrinking off)
-  runs with real agents in the unit tier (tests/unit/agent).
+  again, it rejoins at a checkpoint, and the run goes on with 3 hosts until stop.yml ends it.
+  (`docker network disconnect` cuts it off too, but the reconnected node comes back with eth1
+  instead of eth0, which GLOO_SOCKET_IFNAME names.) The failing half (a host gone with
+  shrinking off) runs with real agents in the unit tier (tests/unit/agent).
 - one rank frozen with SIGSTOP, restarts off: that rank and host are named (not a peer waiting
   for it in the all-reduce), and every container is gone within the heartbeat timeout + 15 s
   + 6 s.
@@ -52,6 +52,7 @@ HB_TIMEOUT = 10
 # agent's dumps within 5 s, its wait for the peers' within 1 s more: ddpfleet_agent/bundle.py)
 DUMP_BOUND = 6
 LIMIT = 15 + DUMP_BOUND
+SPARE_STEPS = 400  # a run the test ends with stop.yml, however fast the CPU trains
 
 
 def launch(cluster: Any, rid: str, *args: str) -> None:
@@ -95,11 +96,13 @@ def wait_attempts(cluster: Any, rid: str, count: int, timeout: float = 120) -> l
 def cut_off(cluster: Any) -> dict:
     rid = run_id("netcut")
     victim = cluster.nodes[2]
-    # 128 px: ~1.5 s steps, so the run still goes when node3 is back twice (a checkpoint every 5;
-    # its relaunch rejoined at step 20 alone, but in one CI run only after the last checkpoint)
+    # No step count is long enough on every CPU (a step of this run took 0.45 s on a 2-core
+    # EPYC with AVX512-BF16 and ~1.5 s on others: at 60 steps node3's relaunch came after the
+    # run's last checkpoint there): the run has steps to spare and is stopped with stop.yml
+    # once node3's relaunch has trained with the others.
     launch(cluster, rid, "-e", f"train_peer_timeout={PEER_TIMEOUT}", "-e", "train_min_hosts=2",
-           "-e", "train_restarts=2", "-e", "train_max_steps=60", "-e", "train_checkpoint_every=5",
-           "-e", "train_image_size=128")  # fmt: skip
+           "-e", "train_restarts=2", "-e", f"train_max_steps={SPARE_STEPS}",
+           "-e", "train_checkpoint_every=5", "-e", "train_image_size=128")  # fmt: skip
     wait_for(cluster, rid, None, step=6)
     drop_peers(cluster, victim, "-I")
     cut_at = time.time()
@@ -120,12 +123,15 @@ def cut_off(cluster: Any) -> dict:
     shrunk = run_site(cluster, "-e", f"run_id={rid}", playbook="status.yml")
     again = train(cluster, rid, "-e", "train_follow=false")
     assert again.rc == 0, again.tail()
-    wait_gone(cluster, rid, 300)  # completed: every container ended
+    last = wait_attempts(cluster, rid, 5, timeout=180)[4]
+    print(f"container launched again -> first step with it: {last['heal_sec']} s")
+    stop = run_site(cluster, "-e", f"run_id={rid}", playbook="stop.yml")
+    assert stop.rc == 0, stop.tail()
+    wait_gone(cluster, rid, 60)
     data = summary(cluster, rid)
     steps = [(len(a["hosts"]), a["from_step"], a["to_step"]) for a in data["attempts"]]
-    print(f"container launched again -> first step with it: {data['attempts'][-1]['heal_sec']} s"
-          f" (each start's hosts, first and last step: {steps})")  # fmt: skip
-    assert data["status"] == "completed", (data.get("cause"), data["attempts"])
+    print(f"each start's hosts, first and last step: {steps}")
+    assert data["status"] == "stopped", (data.get("cause"), data["attempts"])
     return {"rid": rid, "victim": victim, "went_on": went_on, "cut_at": cut_at,
             "waiting": waiting, "summary": data, "again": again.stdout,
             "shrunk": shrunk}  # fmt: skip
@@ -148,12 +154,13 @@ def test_the_global_batch_stays_the_same_without_the_host(cut_off: dict) -> None
     assert shrunk["micro_batches"] == [2, 2], shrunk  # 1.5 x the first share: accumulated
 
 
-def test_reconnected_node_rejoins_at_the_next_checkpoint_and_the_run_completes(
+def test_reconnected_node_rejoins_at_the_next_checkpoint_and_the_run_goes_on_with_it(
     cluster: Any, cut_off: dict
 ) -> None:
     data, victim = cut_off["summary"], cut_off["victim"].name
     assert cut_off["waiting"], "the cut-off node's agent ended instead of waiting to come back"
-    assert (data["status"], data["steps"], data["restarts"]) == ("completed", 60, 2), data
+    assert (data["status"], data["restarts"]) == ("stopped", 2), data
+    assert data["attempts"][-1]["from_step"] < data["steps"] < SPARE_STEPS, data
     back = data["attempts"][2]
     assert back["cause"].startswith(f"{victim} back: rejoined at the checkpoint of step "), back
     assert back["from_step"] == int(back["cause"].rsplit(" ", 1)[1]), back
@@ -166,7 +173,7 @@ def test_reconnected_node_rejoins_at_the_next_checkpoint_and_the_run_completes(
 def test_a_killed_host_launched_again_by_train_yml_rejoins(cluster: Any, cut_off: dict) -> None:
     """node3's container killed after it was back: the others went on without it again; the
     re-run of train.yml attached, launched its container again, and it rejoined at a
-    checkpoint: the run completed with every host."""
+    checkpoint: the run went on with every host until stop.yml ended it."""
     data, victim = cut_off["summary"], cut_off["victim"].name
     assert [len(a["hosts"]) for a in data["attempts"]] == [3, 2, 3, 2, 3], data["attempts"]
     without, again = data["attempts"][3:]
@@ -279,7 +286,7 @@ def test_prometheus_labels_each_agent_with_its_own_run(
 
 
 def test_no_container_left_after_the_faults(cluster: Any, cut_off: dict, frozen: dict) -> None:
-    for rid, status in ((cut_off["rid"], "completed"), (frozen["rid"], "failed")):
+    for rid, status in ((cut_off["rid"], "stopped"), (frozen["rid"], "failed")):
         assert containers(cluster, rid) == {}
         ended = progress(cluster, rid)
         assert (ended.get("state"), ended.get("status")) == ("ended", status)

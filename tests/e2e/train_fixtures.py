@@ -7,6 +7,7 @@ one fixture; after each module it removes this session's containers, runs and da
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import time
 from typing import Any
@@ -44,8 +45,9 @@ def cluster(request: pytest.FixtureRequest, sandbox: Any) -> Any:
             "--format '{{.Name}} {{index .Config.Labels \"io.ddpfleet.run_id\"}}' "
             f"| awk '$2 ~ /^e2e-{STAMP}-/ {{print $1}}' | xargs -r docker rm -f",
         )
-    sandbox.ssh(
-        sandbox.nodes[0], f"rm -rf {SHARED}/runs/e2e-{STAMP}-* {SHARED}/datasets/e2e-{STAMP}*"
-    )
+    if not os.environ.get("DDPFLEET_E2E_KEEP_RUNS"):
+        sandbox.ssh(
+            sandbox.nodes[0], f"rm -rf {SHARED}/runs/e2e-{STAMP}-* {SHARED}/datasets/e2e-{STAMP}*"
+        )
     for copy in (sandbox.root / ".cache" / "runs").glob(f"e2e-{STAMP}-*"):  # report.png copies
         shutil.rmtree(copy, ignore_errors=True)
