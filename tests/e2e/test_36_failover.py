@@ -7,7 +7,7 @@
   test_35): node1 serves a new store, node1 and node3 restart without node2 from the newest
   checkpoint with the same global batch, status.yml finds the run from another host while
   node2's storage does not answer, and node2, reconnected, rejoins at a checkpoint; the run
-  completes with every host.
+  goes on with every host until stop.yml ends it.
 - Where too few hosts are left (train_min_hosts=3), losing node rank 0's host (its container
   killed) fails the run within the peer timeout + 60 s, naming the host, and no container of
   the run is left.
@@ -24,7 +24,14 @@ from typing import Any
 import pytest
 from site_fixtures import run_site
 from test_30_train import run_file, run_id, summary, wait_for
-from test_35_faults import PEER_TIMEOUT, drop_peers, launch, wait_attempts, wait_gone
+from test_35_faults import (
+    PEER_TIMEOUT,
+    SPARE_STEPS,
+    drop_peers,
+    launch,
+    wait_attempts,
+    wait_gone,
+)
 from time_bounds import within
 
 # A store client without the run's secret, from another node: frames that are no JSON, one
@@ -75,8 +82,8 @@ def leader_lost(cluster: Any) -> dict:
     store_node, victim, third = cluster.nodes  # node1 (NFS, registry), node2, node3
     launch(cluster, rid, "-e", f"train_master_host={victim.name}",
            "-e", f"train_peer_timeout={PEER_TIMEOUT}", "-e", "train_min_hosts=2",
-           "-e", "train_restarts=2", "-e", "train_max_steps=100", "-e", "train_checkpoint_every=5",
-           "-e", "train_image_size=128")  # fmt: skip
+           "-e", "train_restarts=2", "-e", f"train_max_steps={SPARE_STEPS}",
+           "-e", "train_checkpoint_every=5", "-e", "train_image_size=128")  # fmt: skip
     host, port = json.loads(run_file(cluster, rid, "config.json"))["agent_store"].rsplit(":", 1)
     script = base64.b64encode(HOSTILE.encode()).decode()
     hostile = cluster.ssh(store_node, f"echo {script} | base64 -d | python3 - {host} {port}", 60)
@@ -90,9 +97,12 @@ def leader_lost(cluster: Any) -> dict:
         status = run_site(cluster, "-e", f"run_id={rid}", playbook="status.yml")
     finally:
         drop_peers(cluster, victim, "-D")
-    back = wait_attempts(cluster, rid, 3)[2]
+    back = wait_attempts(cluster, rid, 3, timeout=180)[2]
     print(f"node rank 0's host back -> first step with it: {back['heal_sec']} s")
-    wait_gone(cluster, rid, 300)
+    # as test_35's: the run has steps to spare, and stop.yml ends it once node2 trains again
+    stop = run_site(cluster, "-e", f"run_id={rid}", playbook="stop.yml")
+    assert stop.rc == 0, stop.tail()
+    wait_gone(cluster, rid, 60)
     data = summary(cluster, rid)
     return {"rid": rid, "victim": victim, "went_on": went_on, "status": status,
             "hostile": hostile, "summary": data, "shrunk": attempts[1],
@@ -101,7 +111,8 @@ def leader_lost(cluster: Any) -> dict:
 
 def test_a_hostile_store_client_does_not_end_the_run(leader_lost: dict) -> None:
     assert leader_lost["hostile"].returncode == 0, leader_lost["hostile"].stderr
-    assert leader_lost["summary"]["status"] == "completed", leader_lost["summary"].get("cause")
+    data = leader_lost["summary"]  # ended by stop.yml, with nothing failed on the way
+    assert (data["status"], data.get("failure"), data.get("cause")) == ("stopped", None, None)
 
 
 def test_losing_node_rank_0_s_host_heals_within_peer_timeout_and_30_s(leader_lost: dict) -> None:
@@ -126,11 +137,12 @@ def test_status_finds_the_run_while_node_rank_0_s_host_is_cut_off(leader_lost: d
     assert f"run {leader_lost['rid']}: running" in status.stdout, status.tail()
 
 
-def test_node_rank_0_s_host_rejoins_and_the_run_completes_with_every_host(
+def test_node_rank_0_s_host_rejoins_and_the_run_goes_on_with_every_host(
     leader_lost: dict,
 ) -> None:
     data, victim = leader_lost["summary"], leader_lost["victim"].name
-    assert (data["status"], data["steps"]) == ("completed", 100), data.get("cause")
+    assert data["status"] == "stopped", data.get("cause")
+    assert data["attempts"][-1]["from_step"] < data["steps"] < SPARE_STEPS, data
     back = data["attempts"][2]
     assert back["cause"].startswith(f"{victim} back: rejoined at the checkpoint of step "), back
     assert sorted(back["hosts"]) == sorted(leader_lost["hosts"])
