@@ -1,0 +1,174 @@
+"""The agent's lifecycle as one state machine: what it does after each generation of ranks.
+
+``transition(state, event) -> (state, actions)`` is pure: every rule that decides whether the
+run fails over to another host's store, restarts, takes hosts back, asks to come back or ends
+lives here, and ``supervise.Agent.run`` carries the actions out through its adapters (ranks,
+store, records), each of which reports back what happened as the next event::
+
+    STARTING --Began--> RUNNING (START) | LEFT_OUT (REJOIN, started again) | ENDED (FINISH)
+    RUNNING --Ended--> FAILING_OVER (FAIL_OVER) | RESTARTING (RESTART) | REGROWING (REGROW)
+                       | LEFT_OUT (REJOIN) | ENDED (FINISH)
+    FAILING_OVER, RESTARTING, REGROWING --Reported--> RUNNING | LEFT_OUT (REJOIN) | ENDED
+    LEFT_OUT --Reported--> RUNNING | ENDED (FINISH)
+
+Bounds: from RUNNING, at most three transitions reach RUNNING or ENDED again. A way back to
+RUNNING costs a restart (FAIL_OVER, RESTART: ``failures.restart_refusal`` refuses past the
+allowed count), a regrow (node rank 0 ends a generation only for a host asking to come back)
+or a rejoin (this host was welcomed back by the run's store). FINISH is the last action of a
+transition to ENDED, and ENDED takes no event.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ddpfleet_agent import failures
+
+
+class State(enum.Enum):
+    STARTING = "starting"  # the agent started: its ranks are not started yet
+    RUNNING = "running"  # a generation's ranks run, supervised
+    FAILING_OVER = "failing over"  # the run's store was lost: going on under another host's
+    RESTARTING = "restarting"  # the run failed: restarting from the newest checkpoint
+    REGROWING = "regrowing"  # hosts left out come back: restarting with them
+    LEFT_OUT = "left out"  # not in the run's generation: asking to come back
+    ENDED = "ended"  # the agent's exit record is written: it exits
+
+
+class Action(enum.Enum):
+    START = "start"  # start the ranks (supervise.Agent._start_ranks)
+    FAIL_OVER = "fail over"  # serve or follow another host's store, regroup (failover.py)
+    RESTART = "restart"  # end the ranks, regroup, start again (restarts.py)
+    REGROW = "regrow"  # end the ranks, welcome hosts back, regroup (regrow.py)
+    REJOIN = "rejoin"  # ask the run's store to come back until let in or the run ends
+    REFUSE = "refuse"  # say in the failure's reason why the run was not restarted
+    FINISH = "finish"  # report the exit and end the ranks (ending.py)
+
+
+@dataclass(frozen=True)
+class Do:
+    """One action; ``text``: the refusal (REFUSE), the outcome (FINISH), 'again' (REJOIN of an
+    agent started again in the run)."""
+
+    action: Action
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the agent knows when it decides: its signals, store, config and restarts."""
+
+    outcome: str = "failed"  # the last generation's: completed, failed, stopped ('left out'
+    # before the first: an agent started again that is not let back ends so)
+    signalled: bool = False  # SIGTERM or SIGINT came
+    store_ok: bool = True  # the run's store answers
+    left_out: bool = False  # not in the run's current generation
+    node_rank: int = 0
+    can_fail_over: bool = False  # cli.AgentConfig's
+    takes_hosts_back: bool = False  # cli.AgentConfig's
+    restarts: int = 0  # allowed (--restarts)
+    earlier: tuple[Mapping, ...] = ()  # the failures restarted after so far
+    members: int = 1  # hosts of the generation that ended
+    survivors: int = 0  # of them, those other than the lost store's host
+    min_hosts: int = 0
+
+
+@dataclass(frozen=True)
+class Began:
+    """The agent reached the run's store; ``facts.left_out``: the run went on without it."""
+
+    facts: Facts
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A generation of ranks ended; ``cause``: the failure claimed (None: none)."""
+
+    facts: Facts
+    cause: Mapping | None = None
+
+
+@dataclass(frozen=True)
+class Reported:
+    """An adapter's answer: ``regrouped``: this host's ranks run in a new generation (else
+    it was left out, refused, not welcomed, or the run was over)."""
+
+    facts: Facts
+    regrouped: bool
+
+
+Event = Began | Ended | Reported
+HEALING = (State.FAILING_OVER, State.RESTARTING, State.REGROWING)
+
+
+def transition(state: State, event: Event) -> tuple[State, tuple[Do, ...]]:
+    """The next state and the actions that take the agent there."""
+    f = event.facts
+    if state is State.STARTING and isinstance(event, Began):
+        if not f.left_out:
+            return State.RUNNING, (Do(Action.START),)
+        return _rejoin_or_finish(f, (), again=True)
+    if state is State.RUNNING and isinstance(event, Ended):
+        return _after_generation(f, event.cause)
+    if (state in HEALING or state is State.LEFT_OUT) and isinstance(event, Reported):
+        return (State.RUNNING, ()) if event.regrouped else _not_regrouped(state, f)
+    raise ValueError(f"no transition from {state.name} on {type(event).__name__}")
+
+
+def _not_regrouped(state: State, f: Facts) -> tuple[State, tuple[Do, ...]]:
+    """After an adapter that did not start this host's ranks again: a host that asked to come
+    back ends; one that failed over asks to come back only if left out (the new store answered
+    otherwise: the run cannot go on); after a restart or regrow, as may_rejoin says."""
+    if state is State.LEFT_OUT or (state is State.FAILING_OVER and not f.left_out):
+        return _finish(f, ())
+    return _rejoin_or_finish(f, ())
+
+
+def _after_generation(f: Facts, cause: Mapping | None) -> tuple[State, tuple[Do, ...]]:
+    if cause and cause.get("store_lost") and f.can_fail_over and not f.signalled:
+        why = failures.restart_refusal(
+            {**cause, "node_rank": -1},  # type: ignore[arg-type]
+            list(f.earlier),  # type: ignore[arg-type]
+            f.restarts,
+            members=f.members,
+            min_hosts=f.min_hosts,
+        )
+        if why is None and f.survivors:
+            return State.FAILING_OVER, (Do(Action.FAIL_OVER),)
+        return _finish(f, (Do(Action.REFUSE, why),) if why else ())
+    said: tuple[Do, ...] = ()
+    if f.outcome == "failed" and cause is not None and not f.signalled and f.store_ok:
+        if cause.get("regrow"):
+            return State.REGROWING, (Do(Action.REGROW),)
+        why = failures.restart_refusal(
+            cause,  # type: ignore[arg-type]
+            list(f.earlier),  # type: ignore[arg-type]
+            f.restarts,
+            members=f.members,
+            min_hosts=f.min_hosts,
+        )
+        if why is None:
+            return State.RESTARTING, (Do(Action.RESTART),)
+        said = (Do(Action.REFUSE, why),) if why else ()
+    return _rejoin_or_finish(f, said)
+
+
+def may_rejoin(f: Facts) -> bool:
+    """A host out of the run (its store lost to it, or left out) asks to come back: the run
+    takes hosts back, it is not the store's host or another may take over, and no stop came."""
+    eligible = f.takes_hosts_back and (f.node_rank != 0 or f.can_fail_over)
+    return eligible and not f.signalled and (f.left_out or not f.store_ok)
+
+
+def _rejoin_or_finish(
+    f: Facts, said: tuple[Do, ...], *, again: bool = False
+) -> tuple[State, tuple[Do, ...]]:
+    if may_rejoin(f):
+        return State.LEFT_OUT, (*said, Do(Action.REJOIN, "again" if again else ""))
+    return _finish(f, said)
+
+
+def _finish(f: Facts, said: tuple[Do, ...]) -> tuple[State, tuple[Do, ...]]:
+    return State.ENDED, (*said, Do(Action.FINISH, "left out" if f.left_out else f.outcome))
