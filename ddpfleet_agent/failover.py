@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ddpfleet_agent import failures
 from ddpfleet_agent.membership import StoreLost
 from ddpfleet_agent.ranks import KILL_WAIT
 from ddpfleet_agent.records import cause_line
@@ -44,13 +43,24 @@ class FailingOver:
     records: Records
     failure: Failure | None
     store_ok: bool
-    signum: int
     left_out: bool
     causes: list[Failure]
     restarts: int
     say: Callable[[str], None]
     _regroup_and_start: Callable[..., bool]
-    _rejoined: Callable[..., bool]
+
+    def _moved_on(self) -> bool:
+        """This agent starts in a run that went on under another host's store (its container
+        started again after a failover): progress.json says this attempt runs, and another
+        host's store names a later generation or another host than node rank 0."""
+        progress = self.records.progress()
+        if progress.get("attempt") != self.cfg.attempt or progress.get("state") != "running":
+            return False
+        try:
+            found = self.peers.stores()
+        except StoreLost:
+            return False
+        return any(node or generation for node, generation in found.items())
 
     def _store_lost(self, exc: Exception) -> Failure:
         """The failure of losing the store: its host, gone when another may take over."""
@@ -59,22 +69,13 @@ class FailingOver:
         found = self._failure(node, None, None, reason, gone=self.cfg.can_fail_over)  # type: ignore[attr-defined]
         return {**found, "store_lost": True}
 
-    def _failed_over(self) -> bool | None:
-        """After the run's store was lost: go on under another host's (True), or end (False:
-        the failure says why, naming the lost host). None when the store was not lost, or
-        this host cannot take part in a failover (no addresses, shrinking off)."""
-        cfg, peers, cause = self.cfg, self.peers, self.failure
-        if not (cause and cause.get("store_lost") and cfg.can_fail_over) or self.signum:
-            return None
+    def _failed_over(self) -> bool:
+        """After the run's store was lost, where the machine lets the run go on (machine.py):
+        under another host's store, the lowest-ranked member left (True); False when this host
+        is left out (it looks for the run) or the run cannot go on (the failure says why)."""
+        cfg, peers, cause = self.cfg, self.peers, self.failure or {}
         lost = peers.leader
         left = [n for n in peers.members if n != lost]
-        why = failures.restart_refusal(
-            {**cause, "node_rank": -1}, self.causes, cfg.restarts,
-            members=len(peers.members), min_hosts=cfg.min_hosts,
-        )  # fmt: skip
-        if why is not None:  # else this host is among those left: ``left`` is never empty
-            self.failure = {**cause, "reason": f"{cause.get('reason')}; {why}"} if why else cause
-            return False
         self.ranks.kill_all()
         self.ranks.wait_output()
         self.causes.append(cause)
@@ -92,11 +93,9 @@ class FailingOver:
         except StoreLost as exc:
             self.say(f"{cfg.hosts[new]} does not serve the run's store ({exc})")
             self.left_out = True  # it looks for the run as a host left out does
-            return self._rejoined()
+            return False
         self.store_ok = True
-        if self._regroup_and_start(generation, cause, [lost]):
-            return True
-        return self._rejoined() if self.left_out else False
+        return self._regroup_and_start(generation, cause, [lost])
 
     def _step_down(self, problem: Failure) -> None:
         """This host serves the store and every other fell silent at once: it is the one cut

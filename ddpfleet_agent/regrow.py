@@ -96,13 +96,8 @@ class Regrowing:
     def _rejoined(self, again: bool = False) -> bool:
         """A host cut off or left out (not node rank 0), or whose agent was started ``again``
         in the run (its container restarted: ``Peers.ran_before``): ask to come back until node
-        rank 0 lets it in, and start with the others (True); False when the run ends first, on
-        a stop, or when shrinking is off."""
-        cfg = self.cfg
-        if not (cfg.takes_hosts_back and (cfg.node_rank or cfg.can_fail_over)) or self.signum:
-            return False
-        if self.store_ok and not self.left_out:
-            return False
+        rank 0 lets it in, and start with the others (True); False when the run ends first or
+        on a stop (machine.may_rejoin says when it asks)."""
         self.ranks.kill_all()
         self.say(
             "started again in the run: it asks to come back until the run ends"

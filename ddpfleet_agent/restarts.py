@@ -66,9 +66,8 @@ class Restarting:
     diagnosis: str | None
     first_train: tuple[float, int] | None
     store_ok: bool
-    signum: int
     child_env: dict[str, str]
-    # and, from supervise.Agent: say(), _failure(), _claim(); from regrow.Regrowing: _regrown()
+    # and, from supervise.Agent: say(), _failure(), _claim()
 
     causes: list[Failure]  # the failures the run was restarted after, in order
     attempts: list[dict]
@@ -150,22 +149,11 @@ class Restarting:
         """The outcome of a host without an exit record: left out of the run, or unknown."""
         return "no exit record" if node in self.peers.members else "left out"
 
-    def _restarted(self, outcome: str) -> bool:
-        """After the run failed: restart it (True), in place or without a host that is gone,
-        or let it end (False; a refusal worth saying goes into the failure's reason)."""
-        cause, cfg = self.failure, self.cfg
-        if outcome != "failed" or cause is None or self.signum or not self.store_ok:
-            return False
-        if cause.get("regrow"):
-            return self._regrown(cause)
-        members = len(self.peers.members)
-        why = failures.restart_refusal(
-            cause, self.causes, cfg.restarts, members=members, min_hosts=cfg.min_hosts
-        )
-        if why is not None:
-            if why:
-                self.failure = {**cause, "reason": f"{cause.get('reason')}; {why}"}
-            return False
+    def _restarted(self) -> bool:
+        """After the run failed and the machine restarts it (machine.py: ``failures.
+        restart_refusal`` allowed it): in place or without a host that is gone; True when this
+        host's ranks run again."""
+        cause, cfg = self.failure or {}, self.cfg
         self.ranks.kill_all()
         self.ranks.wait_output()
         self.causes.append(cause)

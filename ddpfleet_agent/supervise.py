@@ -17,6 +17,7 @@ from ddpfleet_agent.ending import Ending
 from ddpfleet_agent.failover import FailingOver
 from ddpfleet_agent.failures import Failure
 from ddpfleet_agent.judging import Judging
+from ddpfleet_agent.machine import Action, Began, Do, Ended, Facts, Reported, State, transition
 from ddpfleet_agent.peers import Peers, StoreLost
 from ddpfleet_agent.ranks import LocalRanks, rank_views
 from ddpfleet_agent.records import Records
@@ -113,39 +114,57 @@ class Agent(Ending, Judging, Restarting, Regrowing, FailingOver):
             self.say(why)  # the run goes on without its metrics
         if moved_on:  # started again in a run that went on under another host's store
             self.left_out = True
-            if not self._rejoined(again=True):
-                return self._finish("left out", 1)
-        elif not (cfg.node_rank and self.peers.ran_before()):
-            self._start_ranks()
-        elif not cfg.takes_hosts_back:  # its container was started again: the run went on
-            # with its earlier ranks, which are gone, and takes no host back
-            why = "its agent was started again in the run, which takes no host back (min hosts 0)"
-            self.failure = self._claim(self._failure(cfg.node_rank, None, None, why))
-            return self._finish("failed", 1)
-        else:  # not in the run's current generation until node rank 0 lets it back (regrow.py)
-            self.left_out = True
-            if not self._rejoined(again=True):
-                return self._finish("left out", 1)
+        elif cfg.node_rank and self.peers.ran_before():
+            if not cfg.takes_hosts_back:  # its container was started again: the run went on
+                # with its earlier ranks, which are gone, and takes no host back
+                why = (
+                    "its agent was started again in the run, which takes no host back (min hosts 0)"
+                )
+                self.failure = self._claim(self._failure(cfg.node_rank, None, None, why))
+                return self._finish("failed", 1)
+            self.left_out = True  # not in the run's generation until node rank 0 lets it back
+        # the machine (machine.py) decides each step, the adapters below carry it out
+        state, event = State.STARTING, Began(self._facts("left out"))
+        code = 1
         while True:
-            outcome, code = self._supervise()
-            healed = self._failed_over()  # None: the run's store was not lost
-            if healed is None:
-                healed = self._restarted(outcome) or self._rejoined()
-            if not healed:
-                return self._finish("left out" if self.left_out else outcome, code)
+            state, actions = transition(state, event)
+            regrouped = False
+            for do in actions:
+                if do.action is Action.FINISH:
+                    return self._finish(do.text, code)
+                regrouped = self._carry_out(do)
+            if state is State.RUNNING:
+                outcome, code = self._supervise()
+                event = Ended(self._facts(outcome), self.failure)
+            else:
+                event = Reported(self._facts(event.facts.outcome), regrouped)
 
-    def _moved_on(self) -> bool:
-        """This agent starts in a run that went on under another host's store (its container
-        started again after a failover): progress.json says this attempt runs, and another
-        host's store names a later generation or another host than node rank 0."""
-        progress = self.records.progress()
-        if progress.get("attempt") != self.cfg.attempt or progress.get("state") != "running":
+    def _facts(self, outcome: str) -> Facts:
+        """What the machine decides from: this agent's signals, store, config and restarts."""
+        cfg, members = self.cfg, self.peers.members
+        return Facts(outcome=outcome, signalled=bool(self.signum), store_ok=self.store_ok,
+                     left_out=self.left_out, node_rank=cfg.node_rank,
+                     can_fail_over=cfg.can_fail_over, takes_hosts_back=cfg.takes_hosts_back,
+                     restarts=cfg.restarts, earlier=tuple(self.causes), members=len(members),
+                     survivors=sum(n != self.peers.leader for n in members),
+                     min_hosts=cfg.min_hosts)  # fmt: skip
+
+    def _carry_out(self, do: Do) -> bool:
+        """One of the machine's actions, by its adapter: True when this host's ranks run (again)."""
+        if do.action is Action.REFUSE:  # why the failed run was not restarted
+            cause = self.failure or {}
+            self.failure = {**cause, "reason": f"{cause.get('reason')}; {do.text}"}
             return False
-        try:
-            found = self.peers.stores()
-        except StoreLost:
-            return False
-        return any(node or generation for node, generation in found.items())
+        if do.action is Action.START:
+            self._start_ranks()
+            return True
+        if do.action is Action.FAIL_OVER:
+            return self._failed_over()
+        if do.action is Action.RESTART:
+            return self._restarted()
+        if do.action is Action.REGROW:
+            return self._regrown(self.failure or {})
+        return self._rejoined(again=do.text == "again")
 
     def _serve_metrics(self) -> str:
         """Start the Prometheus endpoint; why not, in one line ('' when it serves)."""
