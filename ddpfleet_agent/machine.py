@@ -5,7 +5,7 @@ run fails over to another host's store, restarts, takes hosts back, asks to come
 lives here, and ``supervise.Agent.run`` carries the actions out through its adapters (ranks,
 store, records), each of which reports back what happened as the next event::
 
-    STARTING --Began--> RUNNING (START) | LEFT_OUT (REJOIN, started again) | ENDED (FINISH)
+    STARTING --Began--> RUNNING (START) | LEFT_OUT (LEAVE, REJOIN again) | ENDED (FINISH)
     RUNNING --Ended--> FAILING_OVER (FAIL_OVER) | RESTARTING (RESTART) | REGROWING (REGROW)
                        | LEFT_OUT (REJOIN) | ENDED (FINISH)
     FAILING_OVER, RESTARTING, REGROWING --Reported--> RUNNING | LEFT_OUT (REJOIN) | ENDED
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from ddpfleet_agent import failures
 
@@ -39,6 +40,8 @@ class State(enum.Enum):
 
 class Action(enum.Enum):
     START = "start"  # start the ranks (supervise.Agent._start_ranks)
+    LEAVE = "leave"  # mark this host out of the run's generation (started again in the run)
+    CLAIM = "claim"  # claim a failure of this host, the text its reason
     FAIL_OVER = "fail over"  # serve or follow another host's store, regroup (failover.py)
     RESTART = "restart"  # end the ranks, regroup, start again (restarts.py)
     REGROW = "regrow"  # end the ranks, welcome hosts back, regroup (regrow.py)
@@ -49,8 +52,8 @@ class Action(enum.Enum):
 
 @dataclass(frozen=True)
 class Do:
-    """One action; ``text``: the refusal (REFUSE), the outcome (FINISH), 'again' (REJOIN of an
-    agent started again in the run)."""
+    """One action; ``text``: the refusal (REFUSE), the reason (CLAIM), the outcome (FINISH),
+    'again' (REJOIN of an agent started again in the run)."""
 
     action: Action
     text: str = ""
@@ -77,9 +80,11 @@ class Facts:
 
 @dataclass(frozen=True)
 class Began:
-    """The agent reached the run's store; ``facts.left_out``: the run went on without it."""
+    """The agent reached the run's store; ``again``: its agent was started again in the run
+    (its container restarted: the run went on without it)."""
 
     facts: Facts
+    again: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,15 +106,18 @@ class Reported:
 
 Event = Began | Ended | Reported
 HEALING = (State.FAILING_OVER, State.RESTARTING, State.REGROWING)
+NOT_BACK = "its agent was started again in the run, which takes no host back (min hosts 0)"
 
 
 def transition(state: State, event: Event) -> tuple[State, tuple[Do, ...]]:
     """The next state and the actions that take the agent there."""
     f = event.facts
     if state is State.STARTING and isinstance(event, Began):
-        if not f.left_out:
+        if not event.again:
             return State.RUNNING, (Do(Action.START),)
-        return _rejoin_or_finish(f, (), again=True)
+        if not f.takes_hosts_back:  # the run went on with its earlier ranks, which are gone
+            return State.ENDED, (Do(Action.CLAIM, NOT_BACK), Do(Action.FINISH, "failed"))
+        return _rejoin_or_finish(replace(f, left_out=True), (Do(Action.LEAVE),), again=True)
     if state is State.RUNNING and isinstance(event, Ended):
         return _after_generation(f, event.cause)
     if (state in HEALING or state is State.LEFT_OUT) and isinstance(event, Reported):
@@ -128,13 +136,7 @@ def _not_regrouped(state: State, f: Facts) -> tuple[State, tuple[Do, ...]]:
 
 def _after_generation(f: Facts, cause: Mapping | None) -> tuple[State, tuple[Do, ...]]:
     if cause and cause.get("store_lost") and f.can_fail_over and not f.signalled:
-        why = failures.restart_refusal(
-            {**cause, "node_rank": -1},  # type: ignore[arg-type]
-            list(f.earlier),  # type: ignore[arg-type]
-            f.restarts,
-            members=f.members,
-            min_hosts=f.min_hosts,
-        )
+        why = _refusal({**cause, "node_rank": -1}, f)  # the store's host: not node rank 0's
         if why is None and f.survivors:
             return State.FAILING_OVER, (Do(Action.FAIL_OVER),)
         return _finish(f, (Do(Action.REFUSE, why),) if why else ())
@@ -142,17 +144,18 @@ def _after_generation(f: Facts, cause: Mapping | None) -> tuple[State, tuple[Do,
     if f.outcome == "failed" and cause is not None and not f.signalled and f.store_ok:
         if cause.get("regrow"):
             return State.REGROWING, (Do(Action.REGROW),)
-        why = failures.restart_refusal(
-            cause,  # type: ignore[arg-type]
-            list(f.earlier),  # type: ignore[arg-type]
-            f.restarts,
-            members=f.members,
-            min_hosts=f.min_hosts,
-        )
+        why = _refusal(cause, f)
         if why is None:
             return State.RESTARTING, (Do(Action.RESTART),)
         said = (Do(Action.REFUSE, why),) if why else ()
     return _rejoin_or_finish(f, said)
+
+
+def _refusal(cause: Any, f: Facts) -> str | None:
+    """failures.restart_refusal's verdict on ``cause`` after the restarts so far."""
+    earlier: Any = list(f.earlier)
+    return failures.restart_refusal(cause, earlier, f.restarts, members=f.members,
+                                    min_hosts=f.min_hosts)  # fmt: skip
 
 
 def may_rejoin(f: Facts) -> bool:

@@ -112,19 +112,10 @@ class Agent(Ending, Judging, Restarting, Regrowing, FailingOver):
             return self._finish("failed", 1)
         if cfg.metrics_port and (why := self._serve_metrics()):
             self.say(why)  # the run goes on without its metrics
-        if moved_on:  # started again in a run that went on under another host's store
-            self.left_out = True
-        elif cfg.node_rank and self.peers.ran_before():
-            if not cfg.takes_hosts_back:  # its container was started again: the run went on
-                # with its earlier ranks, which are gone, and takes no host back
-                why = (
-                    "its agent was started again in the run, which takes no host back (min hosts 0)"
-                )
-                self.failure = self._claim(self._failure(cfg.node_rank, None, None, why))
-                return self._finish("failed", 1)
-            self.left_out = True  # not in the run's generation until node rank 0 lets it back
+        # started again in a run that went on under another host's store, or in the run
+        again = moved_on or bool(cfg.node_rank and self.peers.ran_before())
         # the machine (machine.py) decides each step, the adapters below carry it out
-        state, event = State.STARTING, Began(self._facts("left out"))
+        state, event = State.STARTING, Began(self._facts("left out"), again)
         code = 1
         while True:
             state, actions = transition(state, event)
@@ -154,17 +145,19 @@ class Agent(Ending, Judging, Restarting, Regrowing, FailingOver):
         if do.action is Action.REFUSE:  # why the failed run was not restarted
             cause = self.failure or {}
             self.failure = {**cause, "reason": f"{cause.get('reason')}; {do.text}"}
-            return False
-        if do.action is Action.START:
+        elif do.action is Action.LEAVE:  # not in the run's generation until it is let back
+            self.left_out = True
+        elif do.action is Action.CLAIM:
+            self.failure = self._claim(self._failure(self.cfg.node_rank, None, None, do.text))
+        elif do.action is Action.START:
             self._start_ranks()
             return True
-        if do.action is Action.FAIL_OVER:
-            return self._failed_over()
-        if do.action is Action.RESTART:
-            return self._restarted()
-        if do.action is Action.REGROW:
-            return self._regrown(self.failure or {})
-        return self._rejoined(again=do.text == "again")
+        else:
+            heal = {Action.FAIL_OVER: self._failed_over, Action.RESTART: self._restarted,
+                    Action.REGROW: lambda: self._regrown(self.failure or {}),
+                    Action.REJOIN: lambda: self._rejoined(again=do.text == "again")}  # fmt: skip
+            return heal[do.action]()
+        return False
 
     def _serve_metrics(self) -> str:
         """Start the Prometheus endpoint; why not, in one line ('' when it serves)."""

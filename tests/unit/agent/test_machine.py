@@ -10,6 +10,7 @@ import pytest
 
 from ddpfleet_agent.machine import (
     HEALING,
+    NOT_BACK,
     Action,
     Began,
     Do,
@@ -36,6 +37,10 @@ def facts(**kw) -> Facts:
     return Facts(node_rank=kw.pop("node_rank", 1), **kw)
 
 
+def began(again, **kw):
+    return State.STARTING, Began(facts(outcome="left out", **kw), again)
+
+
 def ended(cause, **kw):
     return State.RUNNING, Ended(facts(**kw), cause)
 
@@ -57,27 +62,22 @@ REJOINS = State.LEFT_OUT, (Do(A.REJOIN),)
 
 # (state, event) -> (state, actions): every guard the agent's adapters had before machine.py
 DECISIONS = {
-    "a first start starts its ranks": (
-        (State.STARTING, Began(facts(outcome="left out"))),
-        (State.RUNNING, (Do(A.START),)),
-    ),
+    "a first start starts its ranks": (began(False, **SHRINKS), (State.RUNNING, (Do(A.START),))),
     "an agent started again in a run that takes hosts back asks to come back": (
-        (State.STARTING, Began(facts(outcome="left out", left_out=True, **SHRINKS))),
-        (State.LEFT_OUT, (Do(A.REJOIN, "again"),)),
+        began(True, **SHRINKS),
+        (State.LEFT_OUT, (Do(A.LEAVE), Do(A.REJOIN, "again"))),
     ),
     "node rank 0 started again after a failover asks to come back": (
-        (
-            State.STARTING,
-            Began(facts(outcome="left out", left_out=True, node_rank=0, **FAILS_OVER)),
-        ),
-        (State.LEFT_OUT, (Do(A.REJOIN, "again"),)),
+        began(True, node_rank=0, **FAILS_OVER),
+        (State.LEFT_OUT, (Do(A.LEAVE), Do(A.REJOIN, "again"))),
     ),
     "an agent started again and stopped ends left out": (
-        (
-            State.STARTING,
-            Began(facts(outcome="left out", left_out=True, signalled=True, **SHRINKS)),
-        ),
-        finish("left out"),
+        began(True, signalled=True, **SHRINKS),
+        finish("left out", Do(A.LEAVE)),
+    ),
+    "an agent started again in a run that takes no host back fails, saying so": (
+        began(True, restarts=2),
+        finish("failed", Do(A.CLAIM, NOT_BACK)),
     ),
     "a completed run finishes": (ended(None, outcome="completed", **SHRINKS), finish("completed")),
     "a stopped run finishes": (
@@ -251,7 +251,7 @@ def _run(rng: random.Random) -> list[tuple[State, tuple[Do, ...]]]:
                  takes_hosts_back=takes, can_fail_over=takes and rng.random() < 0.5)  # fmt: skip
     free, earlier, trace = rng.randint(0, 3), [], []
     bound = 3 * (restarts + free + 2)  # transitions: see machine.py's docstring
-    state, event = State.STARTING, Began(_facts(rng, base, earlier))
+    state, event = State.STARTING, Began(_facts(rng, base, earlier), rng.random() < 0.3)
     while state is not State.ENDED:
         cause = event.cause if isinstance(event, Ended) else None
         state, actions = transition(state, event)
