@@ -5,9 +5,10 @@ run fails over to another host's store, restarts, takes hosts back, asks to come
 lives here, and ``supervise.Agent.run`` carries the actions out through its adapters (ranks,
 store, records), each of which reports back what happened as the next event::
 
-    STARTING --Began--> RUNNING (START) | LEFT_OUT (LEAVE, REJOIN again) | ENDED (FINISH)
+    STARTING --Began--> RUNNING (START) | LEFT_OUT (LEAVE, REJOIN again)
+                        | ENDED ([LEAVE | CLAIM,] FINISH)
     RUNNING --Ended--> FAILING_OVER (FAIL_OVER) | RESTARTING (RESTART) | REGROWING (REGROW)
-                       | LEFT_OUT (REJOIN) | ENDED (FINISH)
+                       | LEFT_OUT ([REFUSE,] REJOIN) | ENDED ([REFUSE,] FINISH)
     FAILING_OVER, RESTARTING, REGROWING --Reported--> RUNNING | LEFT_OUT (REJOIN) | ENDED
     LEFT_OUT --Reported--> RUNNING | ENDED (FINISH)
 
@@ -136,7 +137,7 @@ def _not_regrouped(state: State, f: Facts) -> tuple[State, tuple[Do, ...]]:
 
 def _after_generation(f: Facts, cause: Mapping | None) -> tuple[State, tuple[Do, ...]]:
     if cause and cause.get("store_lost") and f.can_fail_over and not f.signalled:
-        why = _refusal({**cause, "node_rank": -1}, f)  # the store's host: not node rank 0's
+        why = _refusal({**cause, "node_rank": -1}, f)  # node rank 0's loss is no refusal here
         if why is None and f.survivors:
             return State.FAILING_OVER, (Do(Action.FAIL_OVER),)
         return _finish(f, (Do(Action.REFUSE, why),) if why else ())

@@ -249,7 +249,7 @@ def _run(rng: random.Random) -> list[tuple[State, tuple[Do, ...]]]:
     takes = bool(min_hosts and restarts)
     base = Facts(node_rank=rng.randrange(4), restarts=restarts, min_hosts=min_hosts,
                  takes_hosts_back=takes, can_fail_over=takes and rng.random() < 0.5)  # fmt: skip
-    free, earlier, trace = rng.randint(0, 3), [], []
+    free, earlier, trace, away = rng.randint(0, 3), [], [], 0
     bound = 3 * (restarts + free + 2)  # transitions: see machine.py's docstring
     state, event = State.STARTING, Began(_facts(rng, base, earlier), rng.random() < 0.3)
     while state is not State.ENDED:
@@ -257,6 +257,8 @@ def _run(rng: random.Random) -> list[tuple[State, tuple[Do, ...]]]:
         state, actions = transition(state, event)
         trace.append((state, actions))
         assert len(trace) <= bound, trace
+        away = 0 if state is State.RUNNING else away + 1
+        assert away <= 3, trace  # RUNNING or ENDED again within three transitions
         regrouped = rng.random() < 0.5
         for do in actions:
             if do.action in (A.RESTART, A.FAIL_OVER):
