@@ -75,7 +75,6 @@ class Facts:
     restarts: int = 0  # allowed (--restarts)
     earlier: tuple[Mapping, ...] = ()  # the failures restarted after so far
     members: int = 1  # hosts of the generation that ended
-    survivors: int = 0  # of them, those other than the lost store's host
     min_hosts: int = 0
 
 
@@ -138,7 +137,7 @@ def _not_regrouped(state: State, f: Facts) -> tuple[State, tuple[Do, ...]]:
 def _after_generation(f: Facts, cause: Mapping | None) -> tuple[State, tuple[Do, ...]]:
     if cause and cause.get("store_lost") and f.can_fail_over and not f.signalled:
         why = _refusal({**cause, "node_rank": -1}, f)  # node rank 0's loss is no refusal here
-        if why is None and f.survivors:
+        if why is None:  # members - 1 >= min_hosts >= 1 hosts are left: one takes over
             return State.FAILING_OVER, (Do(Action.FAIL_OVER),)
         return _finish(f, (Do(Action.REFUSE, why),) if why else ())
     said: tuple[Do, ...] = ()

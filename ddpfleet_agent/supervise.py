@@ -132,13 +132,12 @@ class Agent(Ending, Judging, Restarting, Regrowing, FailingOver):
 
     def _facts(self, outcome: str) -> Facts:
         """What the machine decides from: this agent's signals, store, config and restarts."""
-        cfg, members = self.cfg, self.peers.members
+        cfg = self.cfg
         return Facts(outcome=outcome, signalled=bool(self.signum), store_ok=self.store_ok,
                      left_out=self.left_out, node_rank=cfg.node_rank,
                      can_fail_over=cfg.can_fail_over, takes_hosts_back=cfg.takes_hosts_back,
-                     restarts=cfg.restarts, earlier=tuple(self.causes), members=len(members),
-                     survivors=sum(n != self.peers.leader for n in members),
-                     min_hosts=cfg.min_hosts)  # fmt: skip
+                     restarts=cfg.restarts, earlier=tuple(self.causes),
+                     members=len(self.peers.members), min_hosts=cfg.min_hosts)  # fmt: skip
 
     def _carry_out(self, do: Do) -> bool:
         """One of the machine's actions, by its adapter: True when this host's ranks run (again)."""

@@ -22,7 +22,7 @@ from ddpfleet_agent.machine import (
 )
 
 A = Action
-SHRINKS = {"takes_hosts_back": True, "restarts": 2, "min_hosts": 2, "members": 3, "survivors": 2}
+SHRINKS = {"takes_hosts_back": True, "restarts": 2, "min_hosts": 2, "members": 3}
 FAILS_OVER = {**SHRINKS, "can_fail_over": True}
 EXIT = {"host": "h1", "node_rank": 1, "rank": 1, "exit_code": 1, "reason": "rank 1 exit 1",
         "step": 7, "restartable": True, "gone": False}  # fmt: skip
@@ -140,10 +140,6 @@ DECISIONS = {
         ended(STORE_LOST, store_ok=False, **FAILS_OVER),
         (State.FAILING_OVER, (Do(A.FAIL_OVER),)),
     ),
-    "the store lost with no host left to take over ends the run": (
-        ended(STORE_LOST, store_ok=False, **{**FAILS_OVER, "survivors": 0}),
-        finish(),
-    ),
     "the store lost past the restarts allowed ends the run, saying so": (
         ended(STORE_LOST, store_ok=False, earlier=(EXIT, GONE), **FAILS_OVER),
         finish("failed", refuse("not restarted: all 2 restart(s) used")),
@@ -234,11 +230,10 @@ CAUSES = [None, EXIT, {**EXIT, "exit_code": 3}, {**EXIT, "step": 3, "rank": 0}, 
 
 
 def _facts(rng: random.Random, base: Facts, earlier: list) -> Facts:
-    members = rng.randint(1, 4)
     return dataclasses.replace(
         base, outcome=rng.choice(["completed", "failed", "failed", "failed", "stopped"]),
         signalled=rng.random() < 0.1, store_ok=rng.random() < 0.75, left_out=rng.random() < 0.3,
-        earlier=tuple(earlier), members=members, survivors=rng.randint(0, members),
+        earlier=tuple(earlier), members=rng.randint(1, 4),
     )  # fmt: skip
 
 
