@@ -89,7 +89,7 @@ class FailingOver:
             if new == cfg.node_rank:
                 peers.take_over(generation)
             else:  # it may still be ending its ranks (forensics, then the kill)
-                peers.follow(new, cfg.peer_timeout + cfg.dump_timeout + KILL_WAIT)
+                peers.follow(new, cfg.peer_timeout + cfg.dump_timeout + KILL_WAIT, lost)
         except StoreLost as exc:
             self.say(f"{cfg.hosts[new]} does not serve the run's store ({exc})")
             self.left_out = True  # it looks for the run as a host left out does

@@ -1,14 +1,12 @@
 """Who is in the run: the hosts' regrouping at a restart, a host left out, a host taken back.
 
-The half of ``peers.Peers`` that changes ``members`` (the node ranks of this generation's hosts).
-At each restart every agent says it is ready (``ready/<n>@<g>``) and node rank 0 decides who
-starts the next generation: those ready in time (``members@<g>``). A host left out (gone, cut
-off) whose agent reaches the store again asks to come back (``join/<n>``, naming the last
-generation it was in: a copy of an earlier request, set again, names one older than its last
-welcome and is not taken); node rank 0 lets it in at the next checkpoint boundary: it ends the
-generation (a claimed failure marked ``regrow``), tells the host which generation it joins and
-with whom (``welcome/<n>``, taken only when newer than the host's generation), and the hosts
-regroup with it. Values are sealed like every other key of the store (peers.py).
+The half of ``peers.Peers`` that changes ``members`` (this generation's node ranks). At each
+restart every agent says it is ready (``ready/<n>@<g>``); the store's host decides who starts
+the next generation: those ready in time (``members@<g>``). A host left out that reaches the
+store again asks to come back (``join/<n>``, naming the last generation it was in, so that a
+copied request is not taken); the store's host lets it in at the next checkpoint: it ends the
+generation (a claimed failure marked ``regrow``), tells the host which generation it joins
+and with whom (``welcome/<n>``), and the hosts regroup with it. Values are sealed (peers.py).
 """
 
 from __future__ import annotations
@@ -103,12 +101,8 @@ class Membership:
         container was started again): the store has the host's keepalive. The keepalive count
         goes on from that one (the others count a keepalive only when it grows), and an earlier
         answer to this host (``welcome/<n>``) is one the next must be newer than."""
-        me = self.cfg.node_rank
-
-        def read() -> tuple[dict | None, dict | None]:
-            return self._get(f"alive/{me}"), self._get(f"welcome/{me}")
-
-        alive, welcome = self._guarded(read)  # type: ignore[misc]
+        keys = (f"alive/{self.cfg.node_rank}", f"welcome/{self.cfg.node_rank}")
+        alive, welcome = self._guarded(lambda: [self._get(k) for k in keys])  # type: ignore[misc]
         if alive is None:
             return False
         self.beats = int(alive["count"])
@@ -117,10 +111,8 @@ class Membership:
 
     def reconnect(self) -> bool:
         """Connect to the run's store again (this host was cut off or left out, or its agent
-        started again): the newest generation's among the stores the other hosts serve whose
-        sealed ``leader`` record names their own host (node rank 0's alone without
-        ``--addresses``). False while none answers; StoreGone when every one refuses (no agent
-        of the run serves one: the run is over)."""
+        started again): the newest generation's of ``stores()``. False while none answers;
+        StoreGone when every one refuses (the run is over)."""
         found = self.stores()
         if not found:
             return False
@@ -138,8 +130,7 @@ class Membership:
         StoreGone when every one refuses (no agent of the run serves a store)."""
         found: dict[int, int] = {}
         others = [n for n in range(len(self.cfg.hosts)) if n != self.cfg.node_rank]
-        candidates = others if self.cfg.addresses else [0]
-        refused = 0
+        candidates, refused = others if self.cfg.addresses else [0], 0
         for node in candidates:
             said = self._probe(node)
             refused += said == "refused"
@@ -189,11 +180,22 @@ class Membership:
         self.leader, self.generation = self.cfg.node_rank, generation
         self._guarded(self._open)
 
-    def follow(self, node: int, within: float) -> None:
-        """Connect to the store ``node``'s agent serves from now on (it took over), trying for
-        ``within`` s (it may still be ending its ranks); StoreLost when it does not answer."""
+    def follow(self, node: int, within: float, lost: int) -> None:
+        """Connect to the store ``node``'s agent serves from now on (it took over), waiting up
+        to ``within`` s (it may still be ending its ranks); StoreLost when none comes, or once
+        ``lost``'s agent is found serving the run's store still: this host was the one cut
+        off, and it looks for the run as a host left out does."""
         self._drop()
-        self.leader = node
+        self.leader, deadline = node, time.monotonic() + within
+        while not isinstance(self._probe(node), dict):
+            if time.monotonic() > deadline:
+                raise StoreLost(f"no store at {self.address(node)} within {within:g}s")
+            said = self._probe(lost)
+            if isinstance(said, dict) and said["node"] == lost:
+                raise StoreLost(
+                    f"{self.cfg.hosts[lost]} serves the run's store: this host was cut off"
+                )
+            time.sleep(PROBE_S / 4)
         try:
             self.store = StoreClient(self.address(node), self.cfg.store_port, within)
         except OSError as exc:

@@ -11,12 +11,12 @@ shrink): its ``ranks``, ``failure``, ``dumped`` and ``ready`` keys end in ``@<ge
 keepalive, ``stop`` and ``exit`` keys are the run's. Ages are measured by each host on its own
 clock, so clocks need not agree.
 
-The store takes any client on the cluster network, so every value is sealed: the JSON value
-with an HMAC-SHA256 over the key's name and the value, under the run's secret (``--key-file``,
-made at launch, readable by root and the storage owner only) bound to the launch (``--attempt``,
-wire.launch_key); node rank 0 serves only such values (wire.admits). What fails the check, or has
-another shape than agents write, is ignored and named once in the host's log. A keepalive
-counts only when its count grows, so a value seen before, sent again, keeps no host alive.
+The store takes any client on the cluster network, so every value is sealed: an HMAC-SHA256
+over the key's name and the JSON value, under the run's secret (``--key-file``, root's and the
+storage owner's alone) bound to the launch (wire.launch_key); the store serves only such values
+(wire.admits). What fails the check, or has another shape than agents write, is ignored and
+named once in the host's log. A keepalive counts only when its count grows: a value seen
+before, sent again, keeps no host alive.
 """
 
 from __future__ import annotations
@@ -206,25 +206,14 @@ class Peers(Membership):
 
     def exit_causes(self) -> list[dict]:
         """The failed exits the other hosts' agents published (their ``cause``), as last read."""
-        return [
-            view["cause"]
-            for node, view in self.views.items()
-            if node != self.cfg.node_rank
-            and isinstance(view.get("cause"), dict)
-            and SHAPES["failure"](view["cause"])
-        ]
+        causes = [v.get("cause") for n, v in self.views.items() if n != self.cfg.node_rank]
+        return [c for c in causes if isinstance(c, dict) and SHAPES["failure"](c)]
 
     def silent(self, now: float, after: float) -> list[int]:
         """Other hosts without a keepalive for `after` seconds (since start when never seen),
         leaving out those that reported their exit."""
-        out = []
-        for node in self.members:
-            if node == self.cfg.node_rank or node in self.exits:
-                continue
-            last = self.seen.get(node, (0, self.started))[1]
-            if now - last > after:
-                out.append(node)
-        return out
+        others = [n for n in self.members if n != self.cfg.node_rank and n not in self.exits]
+        return [n for n in others if now - self.seen.get(n, (0, self.started))[1] > after]
 
     def claim(self, failure: dict) -> dict:
         """Put failure into the store unless one is there; returns the one that counts."""
@@ -245,8 +234,7 @@ class Peers(Membership):
 
     def publish_dump(self, record: dict) -> None:
         """This host's forensics record (bundle.py): its ranks' locations, no stacks."""
-        key = self._scoped(f"dumped/{self.cfg.node_rank}")
-        self._guarded(lambda: self._set(key, record))
+        self._guarded(lambda: self._set(self._scoped(f"dumped/{self.cfg.node_rank}"), record))
 
     def dumps(self) -> dict[int, dict]:
         """node -> the forensics record its agent published, for those that did."""
@@ -256,6 +244,4 @@ class Peers(Membership):
         return {n: v for n, v in got.items() if v is not None}  # type: ignore[union-attr]
 
     def report_exit(self, record: dict) -> None:
-        assert self.store is not None
-        key = f"exit/{self.cfg.node_rank}"
-        self._guarded(lambda: self._set(key, record))
+        self._guarded(lambda: self._set(f"exit/{self.cfg.node_rank}", record))

@@ -5,11 +5,17 @@ each host on an address of its own (127.0.0.1-3, one port), lose node rank 0's a
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+from time_bounds import within
 
 from ddpfleet_agent.cli import BadAgentInput, parse_args
+from ddpfleet_agent.membership import StoreLost
+from ddpfleet_agent.peers import Peers
 from ddpfleet_agent.restarts import regrouped
+from ddpfleet_agent.store import StoreClient, StoreServer
+from ddpfleet_agent.wire import admits, launch_key, seal
 
 ADDRESSES = "127.0.0.1,127.0.0.2,127.0.0.3"
 SHRINKS = {"min-hosts": 2, "world-size": 3, "addresses": ADDRESSES}
@@ -107,3 +113,37 @@ def test_addresses_are_read_in_node_rank_order(addresses, expected):
 def test_addresses_must_name_every_host():
     with pytest.raises(BadAgentInput, match="must name one address for each of the 2 hosts"):
         parse_args([*BASE, "--addresses=10.0.0.1", "--", "true"])
+
+
+def _follower(port: int):
+    """h2's Peers (node rank 2 of 3, --addresses), as after losing h0's store."""
+    args = ["--run-dir", "/nonexistent", "--run-id", "t1", "--hosts", "h0,h1,h2", "--host", "h2",
+            "--node-rank", "2", "--store", f"127.0.0.1:{port}", "--addresses", ADDRESSES,
+            "--attempt", "a1", "--key-file", "k", "--", "true"]  # fmt: skip
+    return Peers(parse_args(args), lambda _line: None)
+
+
+@pytest.mark.wallclock
+def test_a_host_cut_off_stops_following_once_the_lost_store_answers_again():
+    """h2 lost h0's store and follows h1, which serves none (h0 was not lost: h2 was the one
+    cut off). As soon as h0's store answers with its leader record, h2 stops waiting for h1 and
+    looks for the run as a host left out does, instead of waiting out the follow's deadline."""
+    key = launch_key(b"s" * 64, "a1")
+    server = StoreServer("127.0.0.1", 0, admits(key))
+    try:
+        StoreClient("127.0.0.1", server.port, 5).set(
+            "leader", seal(key, "leader", {"node": 0, "generation": 0})
+        )
+        peers = _follower(server.port)
+        peers.key = key
+        began = time.monotonic()
+        with pytest.raises(StoreLost, match="h0 serves the run's store: this host was cut off"):
+            peers.follow(1, 30, 0)
+        assert time.monotonic() - began < within(5)  # not the 30 s deadline
+    finally:
+        server.close()
+    peers = _follower(server.port)  # nothing serves at all now: it waits out the deadline
+    began = time.monotonic()
+    with pytest.raises(StoreLost, match=r"no store at 127\.0\.0\.2"):
+        peers.follow(1, 2, 0)
+    assert 2 <= time.monotonic() - began < within(6)
