@@ -38,9 +38,10 @@ from ddpfleet_agent.ranks import number
 from ddpfleet_agent.store import server_class
 
 if TYPE_CHECKING:
-    from ddpfleet_agent.supervise import Agent
+    from ddpfleet_agent.cli import AgentConfig
 
 PHASES = ("start", "scan", "train", "validate", "checkpoint", "done")
+Reading = Callable[[], tuple[int, float, dict[int, dict]]]  # restarts, ranks' start, heartbeats
 
 
 # name (after ddpfleet_): help, labels
@@ -133,12 +134,13 @@ class Gpus:
 class RunCollector:
     """What one scrape of an agent returns (prometheus_client's custom collector)."""
 
-    def __init__(self, agent: Agent, gpus: Gpus | None = None):
-        self.agent = agent
+    def __init__(self, cfg: AgentConfig, read: Reading, gpus: Gpus | None = None):
+        self.cfg, self.read = cfg, read
         self.gpus = gpus or Gpus()
 
     def collect(self) -> Iterator[Metric]:
-        cfg = self.agent.cfg
+        cfg = self.cfg
+        count, started, beats = self.read()
         info = InfoMetricFamily("ddpfleet_run", "The run this agent supervises.")
         info.add_metric([], {"run_id": cfg.run_id, "host": cfg.host, "attempt": cfg.attempt,
                              "node_rank": str(cfg.node_rank)})  # fmt: skip
@@ -146,14 +148,13 @@ class RunCollector:
         restarts = CounterMetricFamily(
             "ddpfleet_run_restarts", "Restarts in place of the run so far (train_restarts)."
         )
-        restarts.add_metric([], float(self.agent.restarts))
+        restarts.add_metric([], float(count))
         yield restarts
-        started = self.agent.ranks.started
         if started:
             began = _gauge("run_attempt_start_time_seconds")
             began.add_metric([], started)
             yield began
-        yield from rank_metrics(dict(self.agent.beats), time.time())
+        yield from rank_metrics(dict(beats), time.time())
         yield from self.gpus.collect()
 
 
@@ -175,12 +176,11 @@ def for_run(app: Callable, run_id: str) -> Callable:
     return answer
 
 
-def serve(agent: Agent) -> str:
-    """Start the endpoint of ``agent.cfg.metrics`` in a daemon thread; '' when serving, else
-    why not (one line: the run goes on without it)."""
-    cfg = agent.cfg
+def serve(cfg: AgentConfig, read: Reading) -> str:
+    """Start the endpoint of ``cfg.metrics`` in a daemon thread, each scrape reading the agent
+    as ``read()`` finds it; '' when serving, else why not (one line: the run goes on without it)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunCollector(agent))
+    registry.register(RunCollector(cfg, read))
     app = for_run(make_wsgi_app(registry), cfg.run_id)
     try:  # an IPv4 or IPv6 cluster address, as prometheus_client's own server picks it
         server = server_class(ThreadingWSGIServer, cfg.metrics_host, cfg.metrics_port)
