@@ -213,7 +213,10 @@ class Agent(Ending, Judging, Restarting, Regrowing, FailingOver):
     def _end_ranks(self, failure: dict) -> None:
         """Kill the ranks of a failed run, after the forensics bundle of those still running."""
         if self.ranks.poll() is None and not failure.get("regrow"):  # a regrow failed nothing
-            self.diagnosis = bundle.take(self, failure)
+            self.diagnosis, self.store_ok = bundle.take(
+                self.cfg, self.peers, self.ranks, self.records, failure, say=self.say,
+                running=lambda: self._record("running"), label=self.label,
+                store_ok=self.store_ok)  # fmt: skip
         self.ranks.kill_all()
 
     def _begin_stop(self, stop: dict | None) -> None:
