@@ -200,11 +200,8 @@ class Agent(Ending, Judging, Restarting, Regrowing, FailingOver):
                 self.failure = self._claim(problem)
                 self._end_ranks(self.failure)
                 return "failed", self.ranks.poll() or 1
-            if (
-                self.stopping_since
-                and now - self.stopping_since > cfg.stop_timeout
-                and not self.escalated
-            ):
+            late = self.stopping_since and now - self.stopping_since > cfg.stop_timeout
+            if late and not self.escalated:
                 self.say(f"ranks still running {cfg.stop_timeout:.0f}s after the stop: SIGKILL")
                 self.escalated = True
                 self.ranks.kill_all()
