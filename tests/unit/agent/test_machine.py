@@ -89,6 +89,10 @@ DECISIONS = {
         (State.RESTARTING, (Do(A.RESTART),)),
     ),
     "a rank's exit with restarts off ends the run, saying nothing more": (ended(EXIT), finish()),
+    "a rank's exit in a run that does not shrink restarts in place": (
+        ended(EXIT, restarts=5),
+        (State.RESTARTING, (Do(A.RESTART),)),
+    ),
     "a rank's exit past the restarts allowed ends the run, saying so": (
         ended(EXIT, earlier=({**EXIT, "step": 3},), restarts=1),
         finish("failed", refuse("not restarted: all 1 restart(s) used")),
@@ -102,6 +106,10 @@ DECISIONS = {
     "a rank's verdict that a restart cannot help is not restarted": (
         ended({**EXIT, "exit_code": 2}, restarts=2),
         finish("failed", refuse("not restarted: bad input (exit code 2)")),
+    ),
+    "a rank's verdict that its loss became non-finite is not restarted": (
+        ended({**EXIT, "exit_code": 3}, restarts=2),
+        finish("failed", refuse("not restarted: the loss became non-finite (exit code 3)")),
     ),
     "a failure during a stop is not restarted": (ended(EXIT, signalled=True, **SHRINKS), finish()),
     "a failure with the store lost to a host that is not the store's asks to come back": (

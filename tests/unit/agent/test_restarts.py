@@ -44,22 +44,6 @@ def test_a_rank_that_fails_once_is_restarted_in_place_and_the_run_completes(clus
         assert c.json(f"nodes/{host}.exit")["outcome"] == "completed"
 
 
-def test_the_same_rank_failing_at_the_same_step_again_fails_the_run_not_a_loop(cluster):
-    c = cluster(2, restarts=5)
-    c.start({0: "run:30", 1: "crash:4:1"})
-    codes = c.wait()
-    assert all(code != 0 for code in codes), c.output()
-    summary = c.json("summary.json")
-    assert summary["status"] == "failed"
-    assert summary["cause"].startswith("run t1 failed: host h1 rank 1: rank 1 exited with code 1")
-    assert summary["cause"].endswith(
-        "not restarted: rank 1 failed again at step 4 (a deterministic error)"
-    )
-    assert summary["restarts"] == 1  # of 5 allowed: restarted once, then refused
-    assert [a["cause"] is None for a in summary["attempts"]] == [True, False]
-    assert c.json("progress.json")["status"] == "failed"
-
-
 def test_a_rank_s_verdict_that_a_restart_cannot_help_ends_the_run_at_once(cluster):
     c = cluster(2, restarts=2)
     c.start({0: "run:30", 1: "crash:2:3"})  # exit code 3: the trainer's non-finite loss
@@ -67,6 +51,9 @@ def test_a_rank_s_verdict_that_a_restart_cannot_help_ends_the_run_at_once(cluste
     summary = c.json("summary.json")
     assert summary["cause"].endswith("not restarted: the loss became non-finite (exit code 3)")
     assert summary["restarts"] == 0
+    # the step the refusals compare (the same rank at the same step: test_loop.py), from the
+    # failed rank's last heartbeat
+    assert (summary["failure"]["rank"], summary["failure"]["step"]) == (1, 2), summary["failure"]
 
 
 def test_a_host_gone_is_left_out_and_the_others_go_on(cluster):

@@ -1,0 +1,87 @@
+"""supervise.Agent._run carries out machine.py's decisions: the agent's loop, with its adapters
+scripted (no process, store or rank), gives the machine the agent's own facts (its restarts so
+far, members, store, config) and carries each action out (REFUSE says why in the failure,
+CLAIM claims one, LEAVE and REJOIN ask to come back, FINISH ends with the machine's outcome).
+
+The rules themselves are rows of test_machine.py; the I/O each adapter does is exercised by the
+real agents of test_agent.py, test_restarts.py and test_failover.py."""
+
+from __future__ import annotations
+
+import signal
+import tempfile
+
+import pytest
+
+from ddpfleet_agent.cli import parse_args
+from ddpfleet_agent.supervise import Agent
+
+EXIT = {"host": "h1", "node_rank": 1, "rank": 1, "exit_code": 1, "step": 4, "restartable": True,
+        "gone": False, "reason": "rank 1 exited with code 1"}  # fmt: skip
+
+
+@pytest.fixture
+def scripted(tmp_path, monkeypatch):
+    """make(node_rank, *options, again=, generations=): an Agent of h0,h1,h2 whose adapters
+    only record what they are asked; each of ``generations`` is (failure, store_ok) that its
+    supervision ends with. The agent's log goes to tmp_path."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the agent's heartbeat directory
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def make(node_rank, *options, again=False, generations=()):
+        args = ["--run-dir", str(tmp_path), "--run-id", "t1", "--hosts", "h0,h1,h2",
+                "--host", f"h{node_rank}", "--node-rank", str(node_rank),
+                "--store", "127.0.0.1:1", "--attempt", "a1", "--key-file", "k", *options,
+                "--", "true"]  # fmt: skip
+        agent = Agent(parse_args(args))
+        calls: list[tuple] = []
+        script = list(generations)
+
+        def supervise():
+            agent.failure, agent.store_ok = script.pop(0)
+            calls.append(("supervise",))
+            return "failed", 1
+
+        def restarted():  # as restarts.Restarting._restarted does, less the ranks and the store
+            agent.causes.append(agent.failure)
+            calls.append(("restart",))
+            return True
+
+        agent.peers.read_key = agent.peers.connect = lambda: None
+        agent.peers.ran_before = lambda: again
+        agent.peers.claim = lambda failure: calls.append(("claim", failure)) or failure
+        agent._moved_on = lambda: False
+        agent._start_ranks = lambda: calls.append(("start",))
+        agent._supervise = supervise
+        agent._restarted = restarted
+        agent._failed_over = lambda: calls.append(("fail over",)) or True
+        agent._rejoined = lambda again=False: calls.append(("rejoin", again)) or False
+        agent._finish = lambda outcome, code: calls.append(("finish", outcome, code)) or code
+        return agent, calls
+
+    yield make
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
+
+
+def test_the_same_rank_failing_at_the_same_step_is_restarted_once_then_refused(scripted):
+    """--restarts 5: the machine hears of the restart the agent made (its earlier causes) and
+    refuses the second failure at the same step instead of looping (moved here from the real
+    agents of test_restarts.py, which still restart a failed rank in place for real)."""
+    agent, calls = scripted(1, "--restarts", "5", generations=[(EXIT, True), (EXIT, True)])
+    assert agent._run() == 1
+    assert calls == [("start",), ("supervise",), ("restart",), ("supervise",),
+                     ("finish", "failed", 1)]  # fmt: skip
+    assert agent.restarts == 1
+    assert agent.failure["reason"] == (
+        "rank 1 exited with code 1; not restarted: rank 1 failed again at step 4 "
+        "(a deterministic error)"
+    )
+
+
+def test_a_failure_at_another_step_is_restarted_until_the_restarts_are_used(scripted):
+    later = {**EXIT, "step": 9}
+    agent, calls = scripted(1, "--restarts", "1", generations=[(EXIT, True), (later, True)])
+    assert agent._run() == 1
+    assert [c[0] for c in calls] == ["start", "supervise", "restart", "supervise", "finish"]
+    assert agent.failure["reason"].endswith("; not restarted: all 1 restart(s) used")
