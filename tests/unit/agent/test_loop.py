@@ -14,6 +14,7 @@ import tempfile
 import pytest
 
 from ddpfleet_agent.cli import parse_args
+from ddpfleet_agent.machine import NOT_BACK
 from ddpfleet_agent.supervise import Agent
 
 EXIT = {"host": "h1", "node_rank": 1, "rank": 1, "exit_code": 1, "step": 4, "restartable": True,
@@ -85,3 +86,28 @@ def test_a_failure_at_another_step_is_restarted_until_the_restarts_are_used(scri
     assert agent._run() == 1
     assert [c[0] for c in calls] == ["start", "supervise", "restart", "supervise", "finish"]
     assert agent.failure["reason"].endswith("; not restarted: all 1 restart(s) used")
+
+
+def test_an_agent_started_again_in_a_run_that_takes_no_host_back_claims_why_and_starts_none(
+    scripted,
+):
+    """h2's agent started again (the store has its keepalive) without --min-hosts: it claims
+    the run failed on its host, saying why, and starts no rank (moved here from test_restarts.py;
+    the real agents still find an agent started again (test_restarts.py) and end the run on
+    an own-host failure claimed in the store (test_agent.py's defect in the agent)."""
+    agent, calls = scripted(2, "--restarts", "1", again=True)
+    assert agent._run() == 1
+    (claim, claimed), finish = calls
+    assert claim == "claim"
+    assert (claimed["host"], claimed["node_rank"], claimed["reason"]) == ("h2", 2, NOT_BACK)
+    assert finish == ("finish", "failed", 1)
+    assert agent.failure == claimed
+
+
+def test_an_agent_started_again_in_a_run_that_takes_hosts_back_asks_to_come_back(scripted):
+    """The same agent with --min-hosts 2: left out, it asks to come back (REJOIN 'again') and,
+    not let back, ends left out."""
+    agent, calls = scripted(2, "--restarts", "1", "--min-hosts", "2", again=True)
+    assert agent._run() == 1
+    assert calls == [("rejoin", True), ("finish", "left out", 1)]
+    assert agent.left_out

@@ -151,23 +151,6 @@ def test_a_stop_while_a_host_waits_to_come_back_ends_every_agent(cluster):
     assert c.json("nodes/h2.exit")["outcome"] == "left out"
 
 
-def test_a_host_started_again_in_a_run_that_takes_no_host_back_fails_it_naming_why(cluster):
-    """Without --min-hosts, h2's container killed and started again at once (before its
-    keepalive is missed): its new agent starts no rank and fails the run, naming why, instead
-    of leaving the others to a rendezvous that cannot come (a peer timeout longer than the new
-    agent's start, so that the others do not judge the host gone first)."""
-    c = cluster(3, restarts=1, **{"world-size": 3, "peer-timeout": 40})
-    c.start({0: "run:60", 1: "run:60", 2: "run:60"})
-    c.heartbeat_ready(2, step=3)
-    c.kill_host(2)
-    c.start_again(2)
-    assert all(code != 0 for code in c.wait(30)), c.output()
-    summary = c.json("summary.json")
-    assert summary["cause"].startswith("run t1 failed: host h2"), summary
-    assert "its agent was started again in the run, which takes no host back" in summary["cause"]
-    assert summary["restarts"] == 0
-
-
 CRASH = {"host": "h1", "rank": 1, "exit_code": 1, "reason": "x", "step": 7, "restartable": True}
 GONE = {"host": "h2", "node_rank": 2, "rank": 2, "exit_code": None, "reason": "no keepalive",
         "gone": True}  # fmt: skip
