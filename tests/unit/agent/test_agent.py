@@ -343,6 +343,7 @@ def test_store_that_stops_answering_counts_as_its_host_failing(cluster):
         took = time.monotonic() - t0
         # node rank 0's agent wrote nothing meanwhile: h1 said in its place how the run ended
         progress = c.json("progress.json")
+        summary = c.json("summary.json")
     finally:
         os.kill(c.procs[0].pid, signal.SIGCONT)
     assert took < within(4 + 20)
@@ -351,6 +352,8 @@ def test_store_that_stops_answering_counts_as_its_host_failing(cluster):
     assert ended["failure"]["host"] == "h0", ended
     assert "no answer from the store" in ended["failure"]["reason"]
     assert (progress["state"], progress["status"], progress["attempt"]) == ("ended", "failed", "a1")
+    assert (summary["status"], summary["failure"]["host"]) == ("failed", "h0"), summary
+    assert summary["cause"].startswith("run t1 failed: host h0 rank 0: "), summary
 
 
 def test_a_host_that_lost_the_store_stands_in_for_node_rank_0_only_when_it_is_gone(

@@ -19,6 +19,10 @@ from ddpfleet_agent.supervise import Agent
 
 EXIT = {"host": "h1", "node_rank": 1, "rank": 1, "exit_code": 1, "step": 4, "restartable": True,
         "gone": False, "reason": "rank 1 exited with code 1"}  # fmt: skip
+BAD_INPUT = {**EXIT, "exit_code": 2}  # not restarted: the run ends after its next generation
+STORE_LOST = {"host": "h0", "node_rank": 0, "rank": 0, "exit_code": None, "step": 9,
+              "restartable": False, "gone": True, "store_lost": True,
+              "reason": "lost the connection to the run's store on h0 (refused)"}  # fmt: skip
 
 
 @pytest.fixture
@@ -111,3 +115,26 @@ def test_an_agent_started_again_in_a_run_that_takes_hosts_back_asks_to_come_back
     assert agent._run() == 1
     assert calls == [("rejoin", True), ("finish", "left out", 1)]
     assert agent.left_out
+
+
+SHRINKS = ["--restarts", "2", "--world-size", "3", "--addresses", "127.0.0.1,127.0.0.2,127.0.0.3"]
+
+
+@pytest.mark.parametrize(
+    ("min_hosts", "expected", "refusal"),
+    [("2", ["start", "supervise", "fail over", "supervise", "finish"], None),
+     ("3", ["start", "supervise", "finish"],
+      "not restarted: 2 host(s) left, train_min_hosts is 3")],
+)  # fmt: skip
+def test_the_store_s_host_lost_fails_over_only_with_enough_hosts_left(
+    scripted, min_hosts, expected, refusal
+):
+    """h0 lost with the store, 3 members: with --min-hosts 3 the run fails naming h0 and why
+    (moved here from test_failover.py's real agents, which still lose h0's store for real)."""
+    agent, calls = scripted(1, *SHRINKS, "--min-hosts", min_hosts,
+                            generations=[(STORE_LOST, False), (BAD_INPUT, True)])  # fmt: skip
+    assert agent._run() == 1
+    assert [c[0] for c in calls] == expected
+    if refusal:
+        assert agent.failure["reason"] == f"{STORE_LOST['reason']}; {refusal}"
+        assert agent.failure["host"] == "h0"
