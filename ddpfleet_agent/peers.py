@@ -136,6 +136,8 @@ class Peers(Membership):
                 self.ignored.add(said)
                 self.note(f"the store {said}: {exc}")
             return None
+        except TimeoutError:  # the socket's, which may end the wait before _guarded's does
+            raise StoreLost(f"no answer from the store for {self.cfg.peer_timeout:.0f}s") from None
         except (RuntimeError, OSError) as exc:
             raise StoreLost(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
 
