@@ -73,7 +73,9 @@ class Regrowing:
             self.join_wait = (asking, saved)
             self.say(f"{names} not taken back: the run saved its last step ({int(saved)})")
             return None
-        reason = f"{names} back: rejoined at the checkpoint of step {int(saved)}"
+        # the ranks may save again before they are ended: the restart's entry names the
+        # checkpoint it resumed from once it knows it (restarts._track)
+        reason = f"{names} back after the checkpoint of step {int(saved)}"
         found = failures.failure(cfg.hosts, asking[0], None, None, reason, judge=cfg.host)
         return {**found, "regrow": asking}
 
@@ -84,7 +86,7 @@ class Regrowing:
         self.ranks.wait_output()
         joining = [int(n) for n in cause.get("regrow") or []]
         generation = len(self.attempts)
-        self.say(f"{cause.get('reason')}: restart with every host of the run back")
+        self.say(f"{cause.get('reason')}: restart from the newest checkpoint with every host back")
         if self.peers.leads:
             try:
                 self.peers.welcome(generation, joining)

@@ -24,6 +24,7 @@ from ddpfleet_agent.ranks import KILL_WAIT
 from ddpfleet_agent.records import cause_line
 
 RESTART_ENV = "DDPFLEET_RESTART"  # the generation (starts before this one), in a restart's env
+NEWEST = "the newest checkpoint"  # a regrow's restart: which one, once its ranks say (_track)
 # In a run that goes on without a host (``--min-hosts``): the first attempt's world size and
 # which of its global ranks remain, in the new ranks' order. ddpfleet's trainer splits the
 # same global batch among them (trainer.balance.attempt_batches).
@@ -107,11 +108,14 @@ class Restarting:
             env.pop(KEPT_RANKS_ENV, None)
         self.ranks.start(env)
         why = None if cause is None else cause_line(cfg.run_id, cause)
+        if cause and cause.get("regrow"):  # the step: once the ranks say it (_track)
+            back = ", ".join(cfg.hosts[n] for n in cause["regrow"])
+            why = f"{back} back: rejoined at {NEWEST}"
         self.attempts.append({
             "attempt": cfg.attempt, "restart": self.restarts, "started": self.ranks.started,
             "hosts": self.hosts, "world_size": world, "global_batch": None, "shares": None,
             "from_step": None, "to_step": None,
-            "cause": cause.get("reason") if cause and cause.get("regrow") else why,
+            "cause": why,
             "failed_at": cause.get("time") if cause else None, "heal_sec": None,
         })  # fmt: skip
 
@@ -125,6 +129,8 @@ class Restarting:
         entry = self.attempts[-1]
         if entry["from_step"] is None:
             entry["from_step"] = step
+            if (entry["cause"] or "").endswith(f" back: rejoined at {NEWEST}"):
+                entry["cause"] = entry["cause"].replace(NEWEST, f"the checkpoint of step {step}")
         if entry["shares"] is None:
             self._shares(entry)
         entry["to_step"] = step

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import signal
+import tempfile
 import time
 from types import SimpleNamespace
 
 import pytest
 
+from ddpfleet_agent.cli import parse_args
 from ddpfleet_agent.failures import restart_refusal
 from ddpfleet_agent.regrow import ASK_EVERY, Regrowing
+from ddpfleet_agent.supervise import Agent
 
 
 def test_a_rank_that_fails_once_is_restarted_in_place_and_the_run_completes(cluster):
@@ -221,9 +224,32 @@ def test_a_host_is_taken_back_at_the_next_checkpoint_but_not_at_the_run_s_last_s
     fifth start failed before any step)."""
     back = _Lead(saved=35, total=45).regrow_after(40)
     assert back["regrow"] == [2], back
-    assert back["reason"] == "h2 back: rejoined at the checkpoint of step 40"
+    assert back["reason"] == "h2 back after the checkpoint of step 40"
     lead = _Lead(saved=40, total=45)
     assert lead.regrow_after(45) is None
     assert lead.said[-1] == "h2 not taken back: the run saved its last step (45)"
     assert lead._regrow(10.0 + 2 * ASK_EVERY) is None  # said once, not taken later
     assert len(lead.said) == 2
+
+
+def test_a_host_taken_back_is_said_to_rejoin_at_the_checkpoint_its_restart_resumed_from(
+    tmp_path, monkeypatch
+):
+    """Node rank 0 decides at the checkpoint its view shows (step 20), but the ranks may save
+    again before they are ended (a CI run on a fast CPU: step 25): the restart's entry names the
+    checkpoint it resumed from, as its ranks say, not the one the decision saw."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    agent = Agent(parse_args([
+        "--run-dir", str(tmp_path), "--run-id", "t1", "--hosts", "h0,h1,h2", "--host", "h0",
+        "--node-rank", "0", "--store", "127.0.0.1:1", "--attempt", "a1", "--key-file", "k",
+        "--min-hosts", "2", "--", "true"]))  # fmt: skip
+    agent.ranks.start = lambda env: None
+    agent.peers.members = [0, 1, 2]
+    back = _Lead(saved=15, total=400).regrow_after(20)
+    assert back["reason"] == "h2 back after the checkpoint of step 20"
+    agent._start_ranks(back)
+    assert agent.attempts[-1]["cause"] == "h2 back: rejoined at the newest checkpoint"
+    agent.peers.views = {0: {"ranks": [{"rank": 0, "phase": "start", "step": 25}]}}
+    agent._track(time.time())
+    assert agent.attempts[-1]["from_step"] == 25
+    assert agent.attempts[-1]["cause"] == "h2 back: rejoined at the checkpoint of step 25"
