@@ -50,6 +50,7 @@ class AgentConfig:
     metrics_port: int = 0
     restarts: int = DECLARED["restarts"]
     min_hosts: int = DECLARED["min_hosts"]
+    rebalance: str = DECLARED["rebalance"]  # auto: new shares for a straggler (stragglers.py)
     tick: float = 0.5  # seconds between supervision rounds
     settle: float = 2.0  # seconds to watch the peers before naming the cause of an exit
     # the hosts' cluster addresses in node-rank order ([]: not given, as by an older train.yml)
@@ -189,6 +190,8 @@ def parse_args(argv: list[str]) -> AgentConfig:
         raise BadAgentInput("--dump-timeout must be from 0 to 60")
     if not 0 <= ns.min_hosts <= len(hosts):
         raise BadAgentInput(f"--min-hosts must be from 0 to the {len(hosts)} hosts of --hosts")
+    if ns.rebalance not in ("auto", "off"):
+        raise BadAgentInput(f"--rebalance must be auto or off, not {ns.rebalance!r}")
     if not (math.isfinite(ns.storage_timeout) and ns.storage_timeout > 0):
         raise BadAgentInput("--storage-timeout must be a finite number > 0")
     addresses = [a.strip("[]") for a in ns.addresses.split(",")] if ns.addresses else []
@@ -223,5 +226,6 @@ def parse_args(argv: list[str]) -> AgentConfig:
         metrics_port=metrics_port,
         restarts=ns.restarts,
         min_hosts=ns.min_hosts,
+        rebalance=ns.rebalance,
         addresses=addresses,
     )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import signal
 import time
+from collections.abc import Mapping
 from typing import TypedDict
 
 from ddpfleet_agent.ranks import FROZEN_AFTER, exit_signal
@@ -50,8 +51,16 @@ class Failure(TypedDict, total=False):
     restartable: bool  # a rank's failure on a host still there: restarting in place may heal it
     gone: bool  # the host itself is gone or cut off: the run may go on without it (--min-hosts)
     regrow: list[int]  # not a failure: hosts left out are back, the generation ends (regrow.py)
+    rebalance: dict[str, float]  # not a failure either: each host's new weight (regrow.py)
+    speeds: dict[str, float]  # with rebalance: each host's speed, the median host's 1.0
     store_lost: bool  # the run's store is gone with its host: another may take over (failover.py)
     cut_off: bool  # the store's host lost every other host at once: it steps down (failover.py)
+
+
+def planned(cause: Mapping | None) -> bool:
+    """A generation node rank 0 ended on purpose, at a checkpoint: hosts taken back or new
+    shares (regrow.py). Nothing failed: no forensics, and no restart is counted."""
+    return bool(cause and (cause.get("regrow") or cause.get("rebalance")))
 
 
 # A rank's own verdict that a restart would fail the same way (trainer.runner's exit codes):

@@ -32,7 +32,7 @@ class Judging:
     store_ok: bool
     stopping_since: float
     attempts: list[dict]
-    # and, from supervise.Agent: _record(); from regrow.Regrowing: _regrow()
+    # and, from supervise.Agent: _record(); from regrow.Regrowing: _regrow(), _rebalance()
 
     def _failure(
         self,
@@ -123,7 +123,9 @@ class Judging:
         if gone is not None:
             return self._failure(gone[0], None, None, gone[1], gone=gone[0] != cfg.node_rank)
         late = failures.runtime_problem(self.attempts[0]["started"], now, cfg.max_runtime)
-        return self._regrow(now) if late is None else self._failure(cfg.node_rank, None, None, late)
+        if late is not None:
+            return self._failure(cfg.node_rank, None, None, late)
+        return self._regrow(now) or self._rebalance(now)
 
     def _may_step_down(self, members: int) -> bool:
         """This host serves the store, and another may take over with enough hosts left."""

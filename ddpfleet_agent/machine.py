@@ -142,7 +142,7 @@ def _after_generation(f: Facts, cause: Mapping | None) -> tuple[State, tuple[Do,
         return _finish(f, (Do(Action.REFUSE, why),) if why else ())
     said: tuple[Do, ...] = ()
     if f.outcome == "failed" and cause is not None and not f.signalled and f.store_ok:
-        if cause.get("regrow"):
+        if failures.planned(cause):
             return State.REGROWING, (Do(Action.REGROW),)
         why = _refusal(cause, f)
         if why is None:

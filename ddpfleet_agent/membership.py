@@ -225,15 +225,16 @@ class Membership:
 
         return self._guarded(lambda: [n for n in out if asked(n)])
 
-    def welcome(self, generation: int, joining: list[int]) -> None:
-        """Node rank 0: tell the hosts ``joining`` the generation they start with, and with
-        whom; their requests are answered."""
+    def welcome(self, generation: int, joining: list[int], weights: dict | None = None) -> None:
+        """Node rank 0: tell the hosts ``joining`` the generation they start with, with whom
+        and the hosts' ``weights`` (regrow.py); their requests are answered."""
         nodes = sorted({*self.members, *joining})
 
         def write() -> None:
             for n in joining:
                 self.taken_back[n] = generation
-                self._set(f"welcome/{n}", {"generation": generation, "nodes": nodes})
+                said = {"generation": generation, "nodes": nodes, "weights": weights}
+                self._set(f"welcome/{n}", said)
                 with contextlib.suppress(StoreLost):  # the answer counts; the request may stay
                     self._call(self.store.delete_key, f"join/{n}")  # type: ignore[union-attr]
 

@@ -129,6 +129,8 @@ def rank_views(beats: dict[int, dict], now: float) -> list[dict]:
                 "batch": number(rec.get("batch")),  # its share of the global batch (trainer)
                 "micro_batches": number(rec.get("micro_batches")),
                 "saved": number(rec.get("saved")),  # the step of the newest checkpoint
+                "sec_per_image": number(rec.get("sec_per_image")),  # its own (stragglers.py)
+                "interval_step": _count(rec.get("interval_step")),  # of the last log interval
             }
         )
     return views

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from ddpfleet_agent import failures
+from ddpfleet_agent import failures, stragglers
 from ddpfleet_agent.membership import StoreGone, StoreLost
 
 if TYPE_CHECKING:
@@ -46,6 +46,9 @@ class Regrowing:
 
     join_wait: tuple[list[int], float | None] | None = None  # asking hosts, the saved step then
     join_checked = 0.0
+    watch = stragglers.Watch()  # node rank 0's straggler detector
+    rebalance_wait: tuple[dict, dict, float | None] | None = None  # weights, speeds, saved then
+    weights: dict[str, float] | None = None  # each host's weight of the global batch, if new
 
     def _regrow(self, now: float) -> Failure | None:
         """Node rank 0, while the ranks run: end the generation at the first checkpoint after a
@@ -79,17 +82,53 @@ class Regrowing:
         found = failures.failure(cfg.hosts, asking[0], None, None, reason, judge=cfg.host)
         return {**found, "regrow": asking}
 
+    def _rebalance(self, now: float) -> Failure | None:
+        """Node rank 0, while the ranks run: once a host's share no longer fits its speed
+        (stragglers.observe), end the generation at the next checkpoint with new shares (a
+        claimed failure marked ``rebalance``: each host's weight), else None."""
+        cfg, members = self.cfg, self.peers.members
+        ranks = [self.peers.views.get(n, {}).get("ranks") or [] for n in members]
+        if not self.peers.leads or cfg.rebalance != "auto" or not all(ranks):
+            return None
+        saved, total = ranks[0][0].get("saved"), ranks[0][0].get("total_steps")
+        if self.rebalance_wait is None:
+            shares = [sum(int(r.get("batch") or 0) for r in rs) for rs in ranks]
+            times = [max(float(r.get("sec_per_image") or 0) for r in rs) for rs in ranks]
+            step = min(int(r.get("interval_step") or 0) for rs in ranks for r in rs)
+            self.watch, fire = stragglers.observe(self.watch, step, shares, times, now)
+            if fire:
+                named = {cfg.hosts[n]: t for n, t in zip(members, times, strict=True)}
+                speed = stragglers.weights(named)
+                weights = {**(self.weights or {}), **speed}
+                self.rebalance_wait = (weights, speed, saved)
+                said = ", ".join(f"{h} {s:.2f}x" for h, s in speed.items())
+                self.say(f"hosts' speeds {said}: new shares at the run's next checkpoint")
+            return None
+        weights, speed, before = self.rebalance_wait
+        if saved is None or saved == before:
+            return None
+        self.rebalance_wait = None
+        if total and saved >= total:  # the ranks are ending the run
+            return None
+        slowest = min(members, key=lambda n: speed.get(cfg.hosts[n], 1.0))
+        reason = f"new shares after the checkpoint of step {int(saved)}"
+        found = failures.failure(cfg.hosts, slowest, None, None, reason, judge=cfg.host)
+        return {**found, "rebalance": weights, "speeds": speed}
+
     def _regrown(self, cause: Failure) -> bool:
-        """Every member, once node rank 0 ended the generation to take hosts back: restart
-        from the newest checkpoint with them."""
+        """Every member, once node rank 0 ended the generation to take hosts back or to give
+        the hosts new shares: restart from the newest checkpoint with them."""
         self.ranks.kill_all()
         self.ranks.wait_output()
         joining = [int(n) for n in cause.get("regrow") or []]
+        if cause.get("rebalance"):
+            self.weights = {str(h): float(w) for h, w in cause["rebalance"].items()}
         generation = len(self.attempts)
-        self.say(f"{cause.get('reason')}: restart from the newest checkpoint with every host back")
+        back = " with every host back" if joining else ""
+        self.say(f"{cause.get('reason')}: restart from the newest checkpoint{back}")
         if self.peers.leads:
             try:
-                self.peers.welcome(generation, joining)
+                self.peers.welcome(generation, joining, self.weights)
             except StoreLost:
                 self.store_ok = False
                 return False
@@ -110,6 +149,7 @@ class Regrowing:
         if said is None:
             return False
         self.peers.members = list(said["nodes"])
+        self.weights = said.get("weights") or self.weights  # the run's shares, if new ones
         self.store_ok, self.left_out = True, False
         self.records.storage_silent = False  # back on the network: its storage may be too
         self.say(f"back in the run at its generation {said['generation']}")

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddpfleet_agent import failures
+from ddpfleet_agent import failures, stragglers
 from ddpfleet_agent.peers import StoreLost
 from ddpfleet_agent.ranks import KILL_WAIT
 from ddpfleet_agent.records import cause_line
@@ -29,6 +29,7 @@ NEWEST = "the newest checkpoint"  # a regrow's restart: which one, once its rank
 # which of its global ranks remain, in the new ranks' order. ddpfleet's trainer splits the
 # same global batch among them (trainer.balance.attempt_batches).
 FULL_WORLD_ENV, KEPT_RANKS_ENV = "DDPFLEET_FULL_WORLD", "DDPFLEET_KEPT_RANKS"
+WEIGHTS_ENV = "DDPFLEET_BATCH_WEIGHTS"  # after a rebalance: a weight per rank of the first world
 
 
 def regrouped(
@@ -73,6 +74,9 @@ class Restarting:
     causes: list[Failure]  # the failures the run was restarted after, in order
     attempts: list[dict]
     left_out: bool  # this host learned it is not in the run's current generation
+    weights: dict[str, float] | None  # from regrow.Regrowing: the shares after a rebalance
+    watch: stragglers.Watch
+    rebalance_wait: tuple | None
 
     @property
     def restarts(self) -> int:
@@ -106,6 +110,10 @@ class Restarting:
         else:  # every host (again): the first attempt's world
             env.pop(FULL_WORLD_ENV, None)
             env.pop(KEPT_RANKS_ENV, None)
+        if self.weights:  # new shares (regrow.py): a weight per global rank of the first world
+            env[WEIGHTS_ENV] = ",".join(f"{self.weights.get(h, 1.0):g}" for h in cfg.hosts
+                                        for _ in range(cfg.nproc))  # fmt: skip
+        self.watch, self.rebalance_wait = self.watch.restarted(), None
         self.ranks.start(env)
         why = None if cause is None else cause_line(cfg.run_id, cause)
         if cause and cause.get("regrow"):  # the step: once the ranks say it (_track)
@@ -118,6 +126,8 @@ class Restarting:
             "cause": why,
             "failed_at": cause.get("time") if cause else None, "heal_sec": None,
         })  # fmt: skip
+        if cause and cause.get("rebalance"):  # its line once the new shares are known
+            self.attempts[-1].update(cause="rebalanced", speeds=cause.get("speeds"))
 
     def _track(self, now: float) -> None:
         """The current start's steps (node rank 0's first rank), and its heal time: from the
@@ -150,6 +160,14 @@ class Restarting:
         entry["shares"], entry["global_batch"] = [int(b) for b in shares], int(sum(shares))
         if max(micro) > 1:
             entry["micro_batches"] = micro
+        if entry["cause"] == "rebalanced" and len(self.attempts) > 1:
+            before, after = (self._host_shares(e) for e in self.attempts[-2:])
+            entry["cause"] = stragglers.change_line(before, after, entry.get("speeds") or {})
+
+    def _host_shares(self, entry: dict) -> dict[str, int]:
+        """Each host's images of a step in a start (its ranks' shares summed)."""
+        shares, nproc = entry.get("shares") or [], self.cfg.nproc
+        return {h: sum(shares[i * nproc : (i + 1) * nproc]) for i, h in enumerate(entry["hosts"])}
 
     def _unheard(self, node: int) -> str:
         """The outcome of a host without an exit record: left out of the run, or unknown."""

@@ -11,7 +11,7 @@ import traceback
 from pathlib import Path
 from types import FrameType
 
-from ddpfleet_agent import bundle
+from ddpfleet_agent import bundle, failures
 from ddpfleet_agent.cli import AgentConfig
 from ddpfleet_agent.ending import Ending
 from ddpfleet_agent.failover import FailingOver
@@ -209,7 +209,7 @@ class Agent(Ending, Judging, Restarting, Regrowing, FailingOver):
 
     def _end_ranks(self, failure: dict) -> None:
         """Kill the ranks of a failed run, after the forensics bundle of those still running."""
-        if self.ranks.poll() is None and not failure.get("regrow"):  # a regrow failed nothing
+        if self.ranks.poll() is None and not failures.planned(failure):  # nothing failed
             self.diagnosis, self.store_ok = bundle.take(
                 self.cfg, self.peers, self.ranks, self.records, failure, say=self.say,
                 running=lambda: self._record("running"), label=self.label,

@@ -32,7 +32,7 @@ from ddpfleet_agent.ranks import number
 # once in the host's log, instead of raising in the supervision loop.
 RANK_NUMBERS = (
     "step", "total_steps", "epoch", "live_age", "progress_age", "loss", "images_per_sec",
-    "batch", "micro_batches", "saved",
+    "batch", "micro_batches", "saved", "sec_per_image", "interval_step",
 )  # fmt: skip
 
 
@@ -42,6 +42,15 @@ def _number(value: object) -> bool:
 
 def _text(value: object) -> bool:
     return value is None or isinstance(value, str)
+
+
+def _weights(value: object) -> bool:
+    """None, or each host's weight of the global batch (regrow.py): positive numbers."""
+    if value is None:
+        return True
+    return isinstance(value, dict) and all(
+        isinstance(h, str) and number(w) is not None and w > 0 for h, w in value.items()
+    )
 
 
 def _rank_view(r: object) -> bool:
@@ -65,6 +74,8 @@ SHAPES: dict[str, Callable[[dict], bool]] = {
         isinstance(v.get("host"), str)
         and isinstance(v.get("reason"), str)
         and (v.get("rank") is None or type(v.get("rank")) is int)
+        and _weights(v.get("rebalance"))
+        and _weights(v.get("speeds"))
     ),
     "stop": lambda v: isinstance(v.get("by"), str),
     "dumped": lambda v: isinstance(v.get("host"), str) and isinstance(v.get("ranks"), list),
@@ -74,6 +85,7 @@ SHAPES: dict[str, Callable[[dict], bool]] = {
         type(v.get("generation")) is int
         and isinstance(v.get("nodes"), list)
         and all(type(n) is int for n in v["nodes"])
+        and _weights(v.get("weights"))
     ),
     "leader": lambda v: type(v.get("node")) is int and type(v.get("generation")) is int,
     "members": lambda v: all(

@@ -30,6 +30,7 @@ GONE = {**EXIT, "host": "h2", "node_rank": 2, "rank": 2, "exit_code": None, "res
         "gone": True, "reason": "no keepalive from its agent for 20s"}  # fmt: skip
 STORE_LOST = {**GONE, "host": "h0", "node_rank": 0, "rank": 0, "store_lost": True}
 REGROW = {**GONE, "regrow": [2], "gone": False, "reason": "h2 back"}
+REBALANCE = {**GONE, "gone": False, "reason": "new shares", "rebalance": {"h2": 0.3}}
 CUT_OFF = {**EXIT, "node_rank": 0, "exit_code": None, "restartable": False, "cut_off": True}
 
 
@@ -129,6 +130,11 @@ DECISIONS = {
         (State.REGROWING, (Do(A.REGROW),)),
     ),
     "a regrow is not done during a stop": (ended(REGROW, signalled=True, **SHRINKS), finish()),
+    "new shares for a straggler regroup all hosts, with no restart allowed": (
+        ended(REBALANCE, restarts=0, members=3),
+        (State.REGROWING, (Do(A.REGROW),)),
+    ),
+    "new shares are not given during a stop": (ended(REBALANCE, signalled=True), finish()),
     "a host gone with enough hosts left restarts without it": (
         ended(GONE, **SHRINKS),
         (State.RESTARTING, (Do(A.RESTART),)),

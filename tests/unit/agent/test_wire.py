@@ -188,3 +188,17 @@ def test_the_server_refuses_to_delete_a_key_the_agents_wait_for(peers) -> None:
     with pytest.raises(StoreError, match="members@1 is not deleted by the agents"):
         peers.store.delete_key("members@1")
     assert peers.store.check(["members@1"])
+
+
+@pytest.mark.parametrize(
+    "weights", [{"h2": 0}, {"h2": -1.0}, {"h2": "fast"}, [0.3], {"h2": float("nan")}, {"h2": True}]
+)
+def test_new_shares_that_are_not_positive_numbers_are_no_failure_and_no_welcome(weights) -> None:
+    """A failure marked rebalance and a welcome carry each host's weight to every agent (and
+    into the ranks' environment): of another shape they are ignored like any bad value."""
+    failure = {"host": "h2", "reason": "new shares", "rank": None}
+    assert SHAPES["failure"]({**failure, "rebalance": {"h2": 0.3}})
+    assert not SHAPES["failure"]({**failure, "rebalance": weights})
+    welcome = {"generation": 3, "nodes": [0, 1, 2]}
+    assert SHAPES["welcome"]({**welcome, "weights": {"h0": 1.0}})
+    assert not SHAPES["welcome"]({**welcome, "weights": weights})

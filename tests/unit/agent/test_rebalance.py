@@ -1,0 +1,97 @@
+"""Node rank 0's agent gives a straggler a smaller share (regrow.Regrowing._rebalance): from
+the ranks' heartbeats as the store carries them to the claimed failure marked ``rebalance``,
+the ranks' environment of the next start, and its entry in the attempts. No process: the
+ranks' start is recorded, the views are set as the store would carry them."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+
+from ddpfleet_agent.cli import parse_args
+from ddpfleet_agent.restarts import WEIGHTS_ENV
+from ddpfleet_agent.stragglers import NEEDED
+from ddpfleet_agent.supervise import Agent
+
+
+@pytest.fixture
+def lead(tmp_path, monkeypatch):
+    """Node rank 0's agent of h0,h1,h2 (one rank each), started once with 32 images each."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    agent = Agent(parse_args([
+        "--run-dir", str(tmp_path), "--run-id", "t1", "--hosts", "h0,h1,h2", "--host", "h0",
+        "--node-rank", "0", "--store", "127.0.0.1:1", "--attempt", "a1", "--key-file", "k",
+        "--world-size", "3", "--", "true"]))  # fmt: skip
+    started: list[dict] = []
+    agent.ranks.start = lambda env: started.append(dict(env))
+    agent.peers.members = [0, 1, 2]
+    agent.started = started
+    agent._start_ranks()
+    interval(agent, 0, [1.0, 1.0, 1.0], [32, 32, 32])
+    agent._track(0.0)
+    return agent
+
+
+def interval(agent, step, times, shares, saved=0):
+    agent.peers.views = {
+        n: {"ranks": [{"rank": n, "phase": "train", "step": step, "interval_step": step,
+                       "batch": b, "sec_per_image": t, "saved": saved, "total_steps": 400}]}
+        for n, (t, b) in enumerate(zip(times, shares, strict=True))
+    }  # fmt: skip
+
+
+def test_a_slowed_host_gets_a_smaller_share_at_the_next_checkpoint(lead):
+    said = []
+    lead.say = said.append
+    for i in range(1 + NEEDED):  # a warm-up interval, then NEEDED with h2 at a third
+        interval(lead, 10 + i * 10, [0.01, 0.01, 0.031], [32, 32, 32], saved=40)
+        assert lead._rebalance(float(i)) is None
+    assert said == ["hosts' speeds h0 1.00x, h1 1.00x, h2 0.32x: new shares at the run's "
+                    "next checkpoint"]  # fmt: skip
+    interval(lead, 60, [0.01, 0.01, 0.031], [32, 32, 32], saved=40)
+    assert lead._rebalance(10.0) is None  # the checkpoint it saw when it decided: not yet
+    interval(lead, 65, [0.01, 0.01, 0.031], [32, 32, 32], saved=60)
+    cause = lead._rebalance(11.0)
+    assert cause is not None
+    assert cause["reason"] == "new shares after the checkpoint of step 60"
+    assert (cause["host"], cause["rebalance"]) == ("h2", {"h0": 1.0, "h1": 1.0, "h2": 0.323})
+    assert not cause.get("restartable")
+    assert not cause.get("gone")
+
+    lead.weights = cause["rebalance"]  # as _regrown does on every member
+    lead._start_ranks(cause)
+    assert lead.started[-1][WEIGHTS_ENV] == "1,1,0.323"
+    assert lead.attempts[-1]["cause"] == "rebalanced"
+    interval(lead, 60, [0.01, 0.01, 0.01], [41, 41, 14])
+    lead._track(12.0)
+    entry = lead.attempts[-1]
+    assert entry["shares"] == [41, 41, 14]
+    assert entry["global_batch"] == 96
+    assert entry["cause"] == (
+        "rebalanced: h0 32 -> 41 (1.00x), h1 32 -> 41 (1.00x), h2 32 -> 14 (0.32x)"
+    )
+    assert entry["speeds"] == {"h0": 1.0, "h1": 1.0, "h2": 0.323}
+
+
+def test_no_new_shares_with_rebalance_off_or_for_a_program_without_the_figure(lead):
+    lead.cfg.rebalance = "off"
+    for i in range(2 + NEEDED):
+        interval(lead, 10 + i * 10, [0.01, 0.01, 0.05], [32, 32, 32], saved=10 * i)
+        assert lead._rebalance(float(i)) is None
+    assert lead.rebalance_wait is None
+    lead.cfg.rebalance = "auto"
+    for i in range(2 + NEEDED):  # a user's program: its heartbeats have no sec_per_image
+        interval(lead, 10 + i * 10, [None, None, None], [32, 32, 32], saved=10 * i)
+        assert lead._rebalance(float(i)) is None
+    assert lead.rebalance_wait is None
+
+
+def test_the_run_s_last_checkpoint_is_no_time_for_new_shares(lead):
+    for i in range(1 + NEEDED):
+        interval(lead, 390 + i, [0.01, 0.01, 0.05], [32, 32, 32], saved=390)
+        lead._rebalance(float(i))
+    assert lead.rebalance_wait is not None
+    interval(lead, 400, [0.01, 0.01, 0.05], [32, 32, 32], saved=400)
+    assert lead._rebalance(10.0) is None
+    assert lead.rebalance_wait is None

@@ -1,0 +1,101 @@
+"""The straggler detector (stragglers.py) on recorded series of the hosts' own time per image:
+noise, a host slowed, its recovery, a host that flaps, and the cap per hour; and the share
+arithmetic it hands to the trainer (weights) and to the attempts (the change line)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ddpfleet_agent import stragglers
+from ddpfleet_agent.stragglers import MOST_PER_HOUR, NEEDED, THRESHOLD, Watch, observe
+
+
+def run(series, shares, *, every=30.0, watch=None):
+    """Feed `series` (per interval, each host's time per image) through observe, one interval
+    every `every` seconds; the indices of the intervals it fired at, and its last state."""
+    watch, fired = watch or Watch(), []
+    for i, times in enumerate(series):
+        watch, fire = observe(watch, (i + 1) * 10, shares, times, i * every)
+        if fire:
+            fired.append(i)
+    return fired, watch
+
+
+def noisy(n, base=(1.0, 1.0, 1.0), spread=0.15, seed=7):
+    rng = random.Random(seed)
+    return [[b * (1 + rng.uniform(-spread, spread)) for b in base] for _ in range(n)]
+
+
+def test_noise_of_15_percent_on_equal_hosts_never_rebalances():
+    fired, _ = run(noisy(500), [32, 32, 32])
+    assert fired == []
+
+
+def test_one_noisy_interval_far_over_the_threshold_is_not_enough():
+    series = noisy(20)
+    series[8] = [1.0, 1.0, 5.0]
+    series[12] = [1.0, 1.0, 5.0]
+    assert run(series, [32, 32, 32])[0] == []
+
+
+def test_a_host_slowed_3x_is_found_after_needed_intervals_not_on_the_first():
+    series = noisy(10) + noisy(10, base=(1.0, 1.0, 3.2), seed=8)
+    fired, _ = run(series, [32, 32, 32])
+    # from interval 10 on the host is slow (then node rank 0 waits for the checkpoint, and the
+    # restart with the new shares starts a new watch: what fires later here is not asked)
+    assert fired[0] == 10 + NEEDED - 1, fired
+
+
+def test_the_new_weights_balance_the_step_and_keep_nothing_over_the_threshold():
+    times = {"node1": 1.0, "node2": 1.05, "node3": 3.2}
+    weights = stragglers.weights(times)
+    assert weights == {"node1": 1.05, "node2": 1.0, "node3": pytest.approx(1.05 / 3.2, abs=1e-3)}
+    total = 96
+    shares = [total * weights[h] / sum(weights.values()) for h in sorted(times)]
+    loads = stragglers.loads(shares, [times[h] for h in sorted(times)])
+    assert max(loads) == pytest.approx(1.0, abs=0.01)  # every host's step the balanced one
+
+
+def test_the_share_comes_back_once_the_host_is_fast_again():
+    """After the rebalance the slow host took a third of a share; once it is as fast as the
+    others, the hosts that took its images are the slow ones: the same rule gives it back."""
+    shares = [42, 41, 13]  # after the rebalance for a host at 0.31x
+    fired, watch = run(noisy(12, base=(1.0, 1.0, 3.2)), shares)
+    assert fired == []  # the shares fit the speeds
+    fired, _ = run(noisy(12), shares, watch=watch)
+    assert fired == [NEEDED - 1 + 1], fired  # the restarted watch's warm-up, then NEEDED
+
+
+def test_a_host_that_flaps_every_other_interval_does_not_rebalance():
+    series = [[1.0, 1.0, 3.0] if i % 2 else [1.0, 1.0, 1.0] for i in range(60)]
+    assert run(series, [32, 32, 32])[0] == []
+
+
+def test_rebalances_are_capped_per_hour_even_when_every_interval_says_so():
+    """Shares that never fit (a host alternating 3x slower between rebalances): at most
+    MOST_PER_HOUR rebalances an hour, then again in the next hour."""
+    slow = [[1.0, 1.0, 3.0]] * 400  # the shares never change here: it would fire every time
+    fired, _ = run(slow, [32, 32, 32], every=30.0)
+    per_hour = [sum(1 for i in fired if h * 120 <= i < (h + 1) * 120) for h in range(3)]
+    assert per_hour == [MOST_PER_HOUR] * 3, fired
+
+
+def test_a_host_without_a_figure_is_no_interval():
+    watch, fire = observe(Watch(step=10), 20, [32, 32], [1.0, None], 0.0)
+    assert (watch, fire) == (Watch(step=10), False)
+
+
+def test_threshold_is_a_load_not_a_speed():
+    """A host at 1/THRESHOLD of the others' speed with an equal share: exactly at the line."""
+    loads = stragglers.loads([32, 32], [1.0, THRESHOLD])
+    assert max(loads) / min(loads) == pytest.approx(THRESHOLD)
+
+
+def test_change_line_names_each_host_whose_share_changed_with_its_speed():
+    line = stragglers.change_line(
+        {"node1": 4, "node2": 4, "node3": 4}, {"node1": 5, "node2": 5, "node3": 2},
+        {"node1": 1.0, "node2": 1.0, "node3": 0.31},
+    )  # fmt: skip
+    assert line == "rebalanced: node1 4 -> 5 (1.00x), node2 4 -> 5 (1.00x), node3 4 -> 2 (0.31x)"
