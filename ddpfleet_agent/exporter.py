@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     from ddpfleet_agent.cli import AgentConfig
 
 PHASES = ("start", "scan", "train", "validate", "checkpoint", "done")
-Reading = Callable[[], tuple[int, float, dict[int, dict]]]  # restarts, ranks' start, heartbeats
+# restarts, the ranks' start, their heartbeats, this host's speed ratio (None: not known)
+Reading = Callable[[], tuple[int, float, dict[int, dict], float | None]]
 
 
 # name (after ddpfleet_): help, labels
@@ -52,6 +53,11 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "rank_progress_age_seconds": ("Seconds since the rank last made progress.", ("rank",)),
     "rank_phase": ("1 for the phase the rank is in, 0 for the others.", ("rank", "phase")),
     "host_images_per_second": ("Training images/s of this host's ranks (last log interval).", ()),
+    "host_speed_ratio": (
+        "This host's own time per image over the median host's, inverted "
+        "(0.31: a third as fast; train_rebalance).",
+        (),
+    ),
     "run_loss": ("The run's mean training loss over the last log interval.", ()),
     "run_images_per_second": ("Training images/s of all ranks (last log interval).", ()),
     "run_attempt_start_time_seconds": ("When this attempt's ranks started (Unix time).", ()),
@@ -140,7 +146,7 @@ class RunCollector:
 
     def collect(self) -> Iterator[Metric]:
         cfg = self.cfg
-        count, started, beats = self.read()
+        count, started, beats, speed = self.read()
         info = InfoMetricFamily("ddpfleet_run", "The run this agent supervises.")
         info.add_metric([], {"run_id": cfg.run_id, "host": cfg.host, "attempt": cfg.attempt,
                              "node_rank": str(cfg.node_rank)})  # fmt: skip
@@ -155,6 +161,10 @@ class RunCollector:
             began.add_metric([], started)
             yield began
         yield from rank_metrics(dict(beats), time.time())
+        if speed is not None:
+            ratio = _gauge("host_speed_ratio")
+            ratio.add_metric([], speed)
+            yield ratio
         yield from self.gpus.collect()
 
 

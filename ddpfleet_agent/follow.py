@@ -161,6 +161,11 @@ def restart_lines(run_id: str, p: dict, shown: int) -> list[str]:
     of them: a restart in place, on the hosts left (without those gone), or with a host back."""
     lines = []
     for n, a, change in restarts(p.get("attempts"))[shown:]:
+        if str(a.get("cause")).startswith("rebalanced"):  # new shares (regrow.py)
+            if a["cause"] == "rebalanced":
+                break  # its shares are not known yet: a later poll says them
+            lines.append(f"run {run_id}: {a['cause']} ({n}) from the newest checkpoint")
+            continue
         where = f"on {len(a.get('hosts') or [])} hosts ({change})" if change else "in place"
         lines.append(f"run {run_id}: restarted {where} ({n}) from the newest checkpoint after: "
                      f"{a.get('cause')}")  # fmt: skip
@@ -178,7 +183,7 @@ class Shown:
     def new_lines(self, snap: dict) -> list[str]:
         p = snap["progress"]
         lines = restart_lines(self.run_id, p, self.restarts)
-        self.restarts = max(self.restarts, len(p.get("attempts") or [None]) - 1)
+        self.restarts += len(lines)  # one line a start, once it can be said
         minute = int(p.get("elapsed_sec") or 0) // 60 if p.get("program") else None
         now = (p.get("step"), p.get("hosts"), minute)
         if snap["line"] and now != self.last:

@@ -115,6 +115,15 @@ class Regrowing:
         found = failures.failure(cfg.hosts, slowest, None, None, reason, judge=cfg.host)
         return {**found, "rebalance": weights, "speeds": speed}
 
+    def _speed(self) -> float | None:
+        """This host's speed relative to the median member's (the metrics), None unknown."""
+        members, views = list(self.peers.members), self.peers.views
+        ranks = [views.get(n, {}).get("ranks") or [] for n in members]
+        times = [max((float(r.get("sec_per_image") or 0) for r in rs), default=0) for rs in ranks]
+        if self.cfg.node_rank not in members or not all(times):
+            return None
+        return round(stragglers.speeds(times)[members.index(self.cfg.node_rank)], 3)
+
     def _regrown(self, cause: Failure) -> bool:
         """Every member, once node rank 0 ended the generation to take hosts back or to give
         the hosts new shares: restart from the newest checkpoint with them."""

@@ -164,7 +164,9 @@ class Agent(Ending, Judging, Restarting, Regrowing, FailingOver):
             from ddpfleet_agent import exporter  # noqa: PLC0415
         except ImportError as exc:
             return f"no metrics endpoint: {exc}"
-        return exporter.serve(self.cfg, lambda: (self.restarts, self.ranks.started, self.beats))
+        return exporter.serve(
+            self.cfg, lambda: (self.restarts, self.ranks.started, self.beats, self._speed())
+        )
 
     def _supervise(self) -> tuple[str, int]:
         cfg = self.cfg

@@ -364,6 +364,24 @@ def test_follow_prints_a_progress_line_when_the_step_or_hosts_change_and_restart
     assert shown.new_lines(snap(prog=progress(step=41, restarts=1, attempts=attempts))) == []
 
 
+def test_follow_says_new_shares_once_they_are_known_and_then_the_next_restart():
+    """A rebalance's start is 'rebalanced' until its ranks report their shares (restarts.py):
+    the follow waits for the line that names them, and says it once."""
+    shown = view.Shown("r")
+    attempts = [{"restart": 0, "cause": None, "hosts": HOSTS},
+                {"restart": 0, "cause": "rebalanced", "hosts": HOSTS}]  # fmt: skip
+    assert shown.new_lines(snap(prog=progress(step=41, attempts=attempts))) == [
+        view.progress_line("r", progress(step=41, attempts=attempts), HOSTS)
+    ]
+    attempts[1]["cause"] = "rebalanced: node3 4 -> 2 (0.31x)"
+    said = shown.new_lines(snap(prog=progress(step=41, attempts=attempts)))
+    assert said == ["run r: rebalanced: node3 4 -> 2 (0.31x) (1) from the newest checkpoint"]
+    attempts.append({"restart": 1, "cause": "run r failed: host x", "hosts": HOSTS})
+    again = shown.new_lines(snap(prog=progress(step=41, restarts=1, attempts=attempts)))
+    assert len(again) == 1
+    assert "restarted in place (2)" in again[0]
+
+
 def test_follow_prints_a_program_without_heartbeats_once_a_minute():
     shown = view.Shown("r")
     quiet = {"step": None, "phase": None, "program": True, "hosts": {}}

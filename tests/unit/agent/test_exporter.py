@@ -157,6 +157,6 @@ def test_the_endpoint_serves_on_an_ipv6_cluster_address():
     port = free_port()
     cfg = types.SimpleNamespace(run_id="t6", host="h", attempt="a", node_rank=0,
                                 metrics_host="::1", metrics_port=port)  # fmt: skip
-    assert serve(cfg, lambda: (0, 0.0, {})) == ""
+    assert serve(cfg, lambda: (0, 0.0, {}, None)) == ""
     with urllib.request.urlopen(f"http://[::1]:{port}/metrics?run_id=t6", timeout=5) as reply:
         assert 'run_id="t6"' in reply.read().decode()

@@ -95,3 +95,21 @@ def test_the_run_s_last_checkpoint_is_no_time_for_new_shares(lead):
     interval(lead, 400, [0.01, 0.01, 0.05], [32, 32, 32], saved=400)
     assert lead._rebalance(10.0) is None
     assert lead.rebalance_wait is None
+
+
+def test_each_host_s_speed_ratio_is_a_metric(lead):
+    """ddpfleet_host_speed_ratio: this host's own time per image against the median host's,
+    from the views every agent has (node rank 0's here, a third as fast as h2)."""
+    from ddpfleet_agent.exporter import Gpus, RunCollector  # noqa: PLC0415 (prometheus_client)
+
+    interval(lead, 10, [0.01, 0.0098, 0.0033], [32, 32, 32])
+    assert lead._speed() == 0.98
+    read = lambda: (0, 0.0, {}, lead._speed())  # noqa: E731
+    found = {f.name: f.samples for f in RunCollector(lead.cfg, read, Gpus()).collect()}
+    assert found["ddpfleet_host_speed_ratio"][0].value == 0.98
+    lead.peers.views[1]["ranks"][0]["sec_per_image"] = None  # a host without the figure
+    assert lead._speed() is None
+    read = lambda: (0, 0.0, {}, None)  # noqa: E731
+    assert "ddpfleet_host_speed_ratio" not in {
+        f.name for f in RunCollector(lead.cfg, read, Gpus()).collect()
+    }
