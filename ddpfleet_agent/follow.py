@@ -136,7 +136,8 @@ def _num(value: object, fmt: str) -> str:
 
 def progress_line(run_id: str, p: dict, hosts: list[str]) -> str:
     """run r: step 40/100 (40%), loss 6.1234, 55.2 img/s, ETA 1m05s, hosts running 3/3
-    (phase train); hosts not running are named (hosts running 2/3: node3 silent)."""
+    (phase train); hosts not running are named (hosts running 2/3: node3 silent), and new
+    shares of the start that runs (phase train, rebalanced: node3 4 -> 2 (0.31x))."""
     step, total = int(p.get("step") or 0), int(p.get("total_steps") or 0)
     where = f"step {step}/{total} ({100 * step // total}%)" if total > 0 else f"step {step}"
     states = p.get("hosts") or {}
@@ -148,6 +149,9 @@ def progress_line(run_id: str, p: dict, hosts: list[str]) -> str:
             f"hosts running {len(up)}/{len(hosts)}{': ' + others if others else ''}"
         )
     restarts = f", restarts {p['restarts']}" if p.get("restarts") else ""
+    last = (p.get("attempts") or [{}])[-1]
+    if isinstance(last, dict) and str(last.get("cause")).startswith("rebalanced: "):
+        restarts += f", {last['cause']}"  # the shares the ranks run with (regrow.py)
     return (
         f"run {run_id}: {where}, loss {_num(p.get('loss'), '.4f')}, "
         f"{_num(p.get('images_per_sec'), '.1f')} img/s, ETA {duration(p.get('eta_sec'))}, "

@@ -376,6 +376,9 @@ def test_follow_says_new_shares_once_they_are_known_and_then_the_next_restart():
     attempts[1]["cause"] = "rebalanced: node3 4 -> 2 (0.31x)"
     said = shown.new_lines(snap(prog=progress(step=41, attempts=attempts)))
     assert said == ["run r: rebalanced: node3 4 -> 2 (0.31x) (1) from the newest checkpoint"]
+    assert view.progress_line("r", progress(attempts=attempts), HOSTS).endswith(
+        "(phase train, rebalanced: node3 4 -> 2 (0.31x))"
+    )  # status.yml's line too
     attempts.append({"restart": 1, "cause": "run r failed: host x", "hosts": HOSTS})
     again = shown.new_lines(snap(prog=progress(step=41, restarts=1, attempts=attempts)))
     assert len(again) == 1
