@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import torch
+
 from ddpfleet_agent import ddpfleet_heartbeat
 
 LOG = logging.getLogger("trainer")
@@ -91,12 +93,21 @@ class Heartbeat(ddpfleet_heartbeat.Beat):
         """Mark progress now: a batch fetched, a step done, a phase entered (no I/O)."""
         self._update(step=step, phase=phase, epoch=epoch)
 
-    def interval(self, loss: float, images_per_sec: float, own: float | None = None) -> None:
-        """The last log interval's all-reduced loss and total images/s, and this rank's own
-        images/s (``rank_images_per_sec``: the agent's per-host metric) (no I/O)."""
+    def interval(
+        self,
+        loss: float,
+        images_per_sec: float,
+        own: float | None = None,
+        sec_per_image: float | None = None,
+    ) -> None:
+        """The last log interval's all-reduced loss and total images/s, this rank's images/s
+        (``rank_images_per_sec``: the agent's per-host metric) and its own seconds per image,
+        waits for peers left out (``sec_per_image``: ``Throughput.sec_per_image``) (no I/O)."""
         self._update(
             progress=False, loss=loss, images_per_sec=images_per_sec, rank_images_per_sec=own
         )
+        with self._lock:  # None too: _update would keep the last interval's figure as this one's
+            self._rec["sec_per_image"] = sec_per_image
 
     def saved(self, step: int) -> None:
         """The newest checkpoint is that of ``step``, on the shared storage: the run agents
@@ -169,6 +180,7 @@ class Throughput:
         self.interval_images = 0
         self.interval_wait = 0.0
         self.wait_fraction = 0.0  # the last interval's share of time spent waiting for data
+        self.last_wait, self.last_images = 0.0, 0  # the last interval's, for sec_per_image
         self.run_start: float | None = None if warmup else self.clock()
         self.run_end = 0.0
         self.run_images = 0
@@ -206,11 +218,57 @@ class Throughput:
         spent = max(now - self.interval_start, 1e-9)
         rate = self.interval_images / spent
         self.wait_fraction = min(self.interval_wait / spent, 1.0)
+        self.last_wait, self.last_images = self.interval_wait, self.interval_images
         self.interval_start, self.interval_images, self.interval_wait = now, 0, 0.0
         return rate
+
+    def sec_per_image(self, forward: float) -> float | None:
+        """This rank's own seconds per image over the last interval: its data wait plus 3 x
+        ``forward`` (its forward seconds; the backward taken as twice the forward, since DDP's
+        all-reduce overlaps the backward and would count the wait for slower peers), over its
+        images; None without images. 6 significant digits."""
+        if self.last_images <= 0:
+            return None
+        return float(f"{(self.last_wait + 3 * forward) / self.last_images:.6g}")
 
     def overall(self) -> float | None:
         """Images/s after warmup; None when the run had no steps past warmup."""
         if self.run_start is None or self.run_images == 0:
             return None
         return self.run_images / max(self.run_end - self.run_start, 1e-9)
+
+
+class ForwardTimer:
+    """This rank's forward seconds (model and criterion) over a log interval: perf_counter on
+    the CPU; on CUDA, a pair of timing events per forward, read only by ``seconds`` (no device
+    sync per step). The forward has no collective (wrap_ddp syncs no buffers), so no peer's
+    pace is in it."""
+
+    def __init__(self) -> None:
+        self.spent = 0.0
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    @contextlib.contextmanager
+    def timed(self, device: torch.device) -> Iterator[None]:
+        """Count the time inside as forward time on ``device``."""
+        if device.type != "cuda":
+            began = time.perf_counter()
+            yield
+            self.spent += time.perf_counter() - began
+            return
+        stream = torch.cuda.current_stream(device)
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record(stream)
+        yield
+        end.record(stream)
+        self.events.append((begin, end))
+
+    def seconds(self) -> float:
+        """Forward seconds since the last call (resets). Waits for the last event only: call
+        it after the interval's all-reduce, when the device has caught up anyway."""
+        spent, events = self.spent, self.events
+        self.spent, self.events = 0.0, []
+        if events:
+            events[-1][1].synchronize()
+            spent += sum(begin.elapsed_time(end) for begin, end in events) / 1000  # ms
+        return spent

@@ -74,6 +74,16 @@ def test_marks_do_no_io_and_stop_writes_them_with_phase_done(
     assert data["progress_time"] >= before
 
 
+def test_interval_sets_sec_per_image_and_none_clears_it() -> None:
+    """An interval without images has no figure: the last one must not stand for it."""
+    hb = Heartbeat(rank=0, local_rank=0, host="node-a", period=60)
+    assert "sec_per_image" not in hb.snapshot()
+    hb.interval(1.0, 100.0, 50.0, 0.0123)
+    assert (hb.snapshot()["sec_per_image"], hb.snapshot()["rank_images_per_sec"]) == (0.0123, 50.0)
+    hb.interval(1.0, 100.0, 0.0, None)
+    assert hb.snapshot()["sec_per_image"] is None
+
+
 def test_nothing_is_written_before_start(tmp_path: Path) -> None:
     hb = Heartbeat(rank=0, local_rank=0, host="h", period=0.01)
     hb.progress(step=1, phase="train")

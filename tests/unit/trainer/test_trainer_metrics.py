@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import pytest
+import torch
 from fake_clock import Clock
 
-from trainer.metrics import MetricsLog, Throughput
+from trainer import metrics
+from trainer.metrics import ForwardTimer, MetricsLog, Throughput
 
 
 def test_resumed_metrics_drop_rows_after_the_checkpoint(tmp_path: Path) -> None:
@@ -70,3 +73,59 @@ def test_data_wait_fraction_is_the_interval_s_share_of_waiting() -> None:
     clock.sleep(0.02)
     meter.interval()  # the next interval starts from nothing
     assert meter.wait_fraction == 0.0
+
+
+def _closed_interval(waits: list[float], images: list[int]) -> Throughput:
+    """A meter whose last interval waited ``waits`` for data over steps of ``images``."""
+    clock = Clock()
+    meter = Throughput(warmup=0, clock=clock.monotonic)
+    for wait, count in zip(waits, images, strict=True):
+        meter.waited(wait)
+        clock.sleep(1.0)  # the wall time (peers' waits included) is no part of the rule
+        meter.step(count)
+    meter.interval()
+    return meter
+
+
+@pytest.mark.parametrize(
+    ("waits", "images", "forward", "expected"),
+    [
+        ([0.0], [10], 0.02, 0.006),  # 3 x 0.02 s over 10 images
+        ([0.05, 0.03], [10, 6], 0.1, 0.02375),  # (0.08 + 0.3) / 16
+        ([0.4], [4], 0.0, 0.1),  # waiting for data only
+        ([0.0, 0.0, 0.0], [1, 1, 1], 1 / 3, 1 / 3),  # rounded to 6 significant digits
+    ],
+)
+def test_sec_per_image_is_data_wait_plus_three_forwards_over_images(
+    waits: list[float], images: list[int], forward: float, expected: float
+) -> None:
+    got = _closed_interval(waits, images).sec_per_image(forward)
+    assert got == pytest.approx(expected, rel=1e-5)
+    assert got == float(f"{got:.6g}")
+
+
+def test_sec_per_image_without_images_is_none() -> None:
+    assert _closed_interval([0.5], [0]).sec_per_image(0.2) is None
+
+
+def test_sec_per_image_is_the_last_interval_s_only() -> None:
+    meter = _closed_interval([0.5], [10])
+    meter.step(5)  # the next interval, still open: no wait
+    assert meter.sec_per_image(0.0) == pytest.approx(0.05)
+    meter.interval()
+    assert meter.sec_per_image(0.1) == pytest.approx(0.06)  # 3 x 0.1 over 5, no wait
+
+
+def test_the_forward_timer_counts_the_time_inside_and_resets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr(metrics, "time", types.SimpleNamespace(perf_counter=clock.monotonic))
+    timer = ForwardTimer()
+    with timer.timed(torch.device("cpu")):
+        clock.sleep(0.02)
+    clock.sleep(0.5)  # outside: not counted
+    with timer.timed(torch.device("cpu")):
+        clock.sleep(0.03)
+    assert timer.seconds() == pytest.approx(0.05)
+    assert timer.seconds() == 0.0
