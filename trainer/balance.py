@@ -119,14 +119,16 @@ def forward_backward(run: Run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
     (gradient accumulation: DDP all-reduces in the last piece's backward only). Each piece's
     mean loss is weighed by its part of the share, so the gradient is the one of the whole
     share at once (BatchNorm's statistics aside); returns the share's loss as DDP averages it
-    (times ``loss_scale``: the ranks' mean is the global batch's)."""
+    (times ``loss_scale``: the ranks' mean is the global batch's). The forwards (model and
+    criterion) count in ``run.forward_time``: the backward waits for peers in DDP's
+    all-reduce, the forward never does."""
     pieces = list(zip(x.tensor_split(run.micro), y.tensor_split(run.micro), strict=True))
     total = torch.zeros((), device=x.device)
     no_sync = getattr(run.model, "no_sync", None)  # DDP's (a world of one is not wrapped)
     for i, (xs, ys) in enumerate(pieces):
         last = i == len(pieces) - 1
         with contextlib.nullcontext() if last or no_sync is None else no_sync():
-            with autocast(run.env.device, run.amp_dtype):
+            with run.forward_time.timed(run.env.device), autocast(run.env.device, run.amp_dtype):
                 out = run.model(xs)
                 loss = run.criterion(out, ys) if len(ys) else out.float().sum() * 0.0
             part = len(ys) / len(y) if len(y) else 1 / len(pieces)

@@ -15,7 +15,7 @@ from trainer import distributed as dist_utils
 from trainer.balance import forward_backward
 from trainer.config import TrainConfig
 from trainer.inputs import InputPipeline
-from trainer.metrics import LOG, Heartbeat, MetricsLog, NonFiniteError, Throughput
+from trainer.metrics import LOG, ForwardTimer, Heartbeat, MetricsLog, NonFiniteError, Throughput
 from trainer.model import autocast
 from trainer.stop import StopFlag
 from trainer.tboard import EventLog
@@ -49,6 +49,7 @@ class Run:
     global_batch: int = 0  # images per optimizer step, all ranks together
     events: EventLog | None = None  # rank 0's TensorBoard event files
     top5: float | None = None  # the last validation's top-5 accuracy
+    forward_time: ForwardTimer = dataclasses.field(default_factory=ForwardTimer)  # per interval
 
 
 def _first_nonfinite(run: Run, bad_step: torch.Tensor) -> int:
@@ -64,6 +65,9 @@ def _log_interval(run: Run, loss_sum: torch.Tensor, count: int, bad_step: torch.
     ``count``: the interval's steps that had samples (a zero-weight step adds nothing to the
     mean loss). When any rank met new unreadable files, the ranks gather them, so that the
     limit counts each distinct file once (BadSamplesError on every rank alike).
+
+    The heartbeat gets this rank's own seconds per image (``Throughput.sec_per_image``), read
+    after the all-reduce so that CUDA's forward timings need no sync of their own.
 
     Returns whether the ranks agreed to stop: the stop signal rides on this all-reduce, the
     loop's only collective besides DDP's, so a stop costs nothing between log intervals.
@@ -84,7 +88,8 @@ def _log_interval(run: Run, loss_sum: torch.Tensor, count: int, bad_step: torch.
         step = _first_nonfinite(run, bad_step) or run.step
         raise NonFiniteError(f"loss became non-finite at step {step}", step)
     run.last_loss = total_loss / max(total_count, 1.0)
-    run.heartbeat.interval(run.last_loss, total_rate, rate)
+    own = run.meter.sec_per_image(run.forward_time.seconds())  # CUDA: its events are done now
+    run.heartbeat.interval(run.last_loss, total_rate, rate, own)
     lr = run.optimizer.param_groups[0]["lr"]
     row = {
         "step": run.step,

@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import re
 import shutil
+import types
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from fake_clock import Clock
 from torch import nn
 from trainer_helpers import TINY, free_port, read_json, run_trainer, tiny_mlp, tiny_samples
 
-from trainer import balance, engine
+from trainer import balance, engine, metrics
 from trainer.__main__ import main
 from trainer.balance import (
     WeightedDistributedSampler,
+    forward_backward,
     loss_scale,
     rank_batches,
     scaled_loss,
@@ -25,6 +28,7 @@ from trainer.balance import (
 )
 from trainer.config import BadInputError, TrainConfig, parse_config
 from trainer.data import EpochSampler, SyntheticImages, build_loader
+from trainer.metrics import ForwardTimer
 from trainer.model import wrap_ddp
 
 # --- the split ------------------------------------------------------------------------------
@@ -203,6 +207,54 @@ def _reference() -> tuple[list[torch.Tensor], torch.Tensor]:
 
 def test_the_engine_scales_with_the_tested_function() -> None:
     assert engine.forward_backward is balance.forward_backward
+
+
+class _SlowBackward(torch.autograd.Function):
+    """The identity, whose backward takes ``clock``'s second (as a wait for peers would)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, clock: Clock) -> torch.Tensor:
+        ctx.clock = clock
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        ctx.clock.sleep(1.0)
+        return grad, None
+
+
+class _Timed(nn.Module):
+    """tiny_mlp whose forward takes 0.02 s of ``clock`` and whose backward 1 s."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock, self.inner = clock, tiny_mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.clock.sleep(0.02)
+        return _SlowBackward.apply(self.inner(x), self.clock)
+
+
+def test_forward_backward_times_the_forwards_and_not_the_backward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Model and criterion of every piece count; the backward (where DDP waits) does not."""
+    clock = Clock()
+    monkeypatch.setattr(metrics, "time", types.SimpleNamespace(perf_counter=clock.monotonic))
+    criterion = nn.CrossEntropyLoss()
+
+    def slow_criterion(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        clock.sleep(0.01)
+        return criterion(out, y)
+
+    run = types.SimpleNamespace(
+        model=_Timed(clock), criterion=slow_criterion, env=types.SimpleNamespace(
+            device=torch.device("cpu")), amp_dtype=None, loss_scale=1.0, micro=3,
+        scaler=torch.amp.GradScaler("cpu", enabled=False), forward_time=ForwardTimer(),
+    )  # fmt: skip
+    forward_backward(run, *tiny_samples(6))
+    assert clock.now == pytest.approx(1000 + 3 * (0.03 + 1.0))  # the backwards did take time
+    assert run.forward_time.seconds() == pytest.approx(3 * 0.03)
 
 
 @pytest.mark.slow

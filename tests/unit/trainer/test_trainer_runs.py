@@ -55,6 +55,21 @@ def test_2rank_parameters_identical_and_summary_complete(synthetic_2rank: Path) 
 
 
 @pytest.mark.slow
+def test_2rank_heartbeats_carry_each_rank_s_own_time_per_image(synthetic_2rank: Path) -> None:
+    for rank in (0, 1):
+        assert read_json(synthetic_2rank / "heartbeat" / f"rank-{rank}.json")["sec_per_image"] > 0
+
+
+def test_a_short_run_s_heartbeat_carries_its_own_time_per_image(tmp_path: Path) -> None:
+    """In process: 2 steps of one log interval each; the field is the last one's."""
+    args = [*SYNTH, "--synthetic-size", "8", "--max-steps", "2", "--output-dir", str(tmp_path)]
+    assert main(args) == 0
+    beat = read_json(tmp_path / "heartbeat" / "rank-0.json")
+    assert beat["step"] == 2
+    assert 0 < beat["sec_per_image"] < 60  # seconds per image of a 32-px synthetic batch
+
+
+@pytest.mark.slow
 def test_2rank_loss_falls(synthetic_2rank: Path) -> None:
     rows = read_metrics(synthetic_2rank)
     assert [r["step"] for r in rows] == list(range(1, 9))

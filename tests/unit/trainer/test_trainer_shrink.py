@@ -29,6 +29,7 @@ from ddpfleet_agent.restarts import FULL_WORLD_ENV, KEPT_RANKS_ENV
 from trainer.balance import WeightedDistributedSampler, attempt_batches, forward_backward
 from trainer.balance import micro_batches as micro_count
 from trainer.config import BadInputError
+from trainer.metrics import ForwardTimer
 from trainer.model import wrap_ddp
 
 # --- the shares -----------------------------------------------------------------------------
@@ -128,7 +129,7 @@ def _rank(rank: int, port: int, out: str) -> None:
     run = types.SimpleNamespace(
         model=model, criterion=nn.CrossEntropyLoss(), env=cpu, amp_dtype=None,
         loss_scale=SHARES[rank] * 2 / sum(SHARES), micro=MICRO[rank],
-        scaler=torch.amp.GradScaler("cpu", enabled=False),
+        scaler=torch.amp.GradScaler("cpu", enabled=False), forward_time=ForwardTimer(),
     )  # fmt: skip
     loss = forward_backward(run, x[lo : lo + SHARES[rank]], y[lo : lo + SHARES[rank]])
     grads = [p.grad.detach().clone() for p in model.parameters()]
