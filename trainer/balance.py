@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils.data import Sampler
 
+from ddpfleet_agent.restarts import WEIGHTS_ENV
 from trainer.config import BadInputError
 from trainer.model import autocast
 
@@ -25,8 +26,9 @@ if TYPE_CHECKING:
     from trainer.engine import Run
 
 
-def parse_weights(text: str) -> list[float] | None:
-    """``"3,1"`` -> ``[3.0, 1.0]``; ``""`` -> None (equal shares). Positive finite floats."""
+def parse_weights(text: str, name: str = "--batch-weights") -> list[float] | None:
+    """``"3,1"`` -> ``[3.0, 1.0]``; ``""`` -> None (equal shares). Positive finite floats;
+    ``name`` (the flag or variable they came from) begins the error."""
     if not text.strip():
         return None
     weights = []
@@ -34,19 +36,21 @@ def parse_weights(text: str) -> list[float] | None:
         try:
             value = float(part)
         except ValueError:
-            message = f"--batch-weights {text}: {part.strip()!r} is not a number"
-            raise BadInputError(message) from None
+            raise BadInputError(f"{name} {text}: {part.strip()!r} is not a number") from None
         if not math.isfinite(value):
-            raise BadInputError(f"--batch-weights {text}: weights must be finite (got {value})")
+            raise BadInputError(f"{name} {text}: weights must be finite (got {value})")
         if value <= 0:
-            raise BadInputError(f"--batch-weights {text}: weights must be positive (got {value})")
+            raise BadInputError(f"{name} {text}: weights must be positive (got {value})")
         weights.append(value)
     return weights
 
 
-def split_batch(global_batch: int, weights: Sequence[float]) -> list[int]:
+def split_batch(
+    global_batch: int, weights: Sequence[float], name: str = "--batch-weights"
+) -> list[int]:
     """Largest-remainder split of ``global_batch`` proportional to ``weights`` (exact rational
-    arithmetic; ties go to the lower rank). Sums to ``global_batch``; refuses a zero share."""
+    arithmetic; ties go to the lower rank). Sums to ``global_batch``; refuses a zero share
+    (``name``: where the weights came from)."""
     exact = [Fraction(w) for w in weights]
     quotas = [global_batch * w / sum(exact) for w in exact]
     shares = [math.floor(q) for q in quotas]
@@ -56,7 +60,7 @@ def split_batch(global_batch: int, weights: Sequence[float]) -> list[int]:
     for r, share in enumerate(shares):
         if share == 0:
             raise BadInputError(
-                f"--batch-weights: rank {r}'s share of the global batch of {global_batch} "
+                f"{name}: rank {r}'s share of the global batch of {global_batch} "
                 "images rounds to 0; raise its weight or --batch-size"
             )
     return shares
@@ -77,14 +81,22 @@ def rank_batches(text: str, batch_size: int, world: int) -> list[int]:
 
 
 def attempt_batches(
-    text: str, batch_size: int, world: int, full_world: int = 0, kept: Sequence[int] | None = None
+    text: str,
+    batch_size: int,
+    world: int,
+    full_world: int = 0,
+    kept: Sequence[int] | None = None,
+    *,
+    weights: Sequence[float] | None = None,
 ) -> tuple[list[int], list[int]]:
     """(every rank's share of the global batch, the most images it takes in one forward).
 
     A run that goes on without a host (its agents' ``--min-hosts``) keeps the first attempt's
     global batch ``batch_size * full_world``: ``kept`` names the first attempt's global ranks
-    that remain, in the new ranks' order, and the batch is split again by their weights. A
-    rank whose new share is more than its first attempt's share (what its memory was sized
+    that remain, in the new ranks' order, and the batch is split again by their weights.
+    ``weights`` (the agents' after a rebalance, ``$DDPFLEET_BATCH_WEIGHTS``: one per global
+    rank of the first world) replace ``text``'s for that split, never for the global batch.
+    A rank whose new share is more than its first attempt's share (what its memory was sized
     for) takes it in micro-batches of at most that (gradient accumulation: trainer.engine)."""
     full = full_world or world
     first = rank_batches(text, batch_size, full)
@@ -93,10 +105,18 @@ def attempt_batches(
         raise BadInputError(
             f"kept ranks {order} do not name {world} distinct rank(s) of the first {full}"
         )
+    most = [first[r] for r in order]
+    if weights is not None:
+        if len(weights) != full:
+            raise BadInputError(
+                f"${WEIGHTS_ENV}: {len(weights)} weight(s) for the first attempt's {full} "
+                "rank(s); give one per global rank of the first world"
+            )
+        return split_batch(sum(first), [weights[r] for r in order], f"${WEIGHTS_ENV}"), most
     if world == full:
-        return [first[r] for r in order], [first[r] for r in order]
-    weights = parse_weights(text) or [1.0] * full
-    return split_batch(sum(first), [weights[r] for r in order]), [first[r] for r in order]
+        return most, most
+    shares = parse_weights(text) or [1.0] * full
+    return split_batch(sum(first), [shares[r] for r in order]), most
 
 
 def micro_batches(share: int, most: int) -> int:

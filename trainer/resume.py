@@ -10,9 +10,10 @@ import dataclasses
 import os
 from pathlib import Path
 
-from ddpfleet_agent.restarts import FULL_WORLD_ENV, KEPT_RANKS_ENV, RESTART_ENV
+from ddpfleet_agent.restarts import FULL_WORLD_ENV, KEPT_RANKS_ENV, RESTART_ENV, WEIGHTS_ENV
 from trainer import checkpoint as ckpt
 from trainer import distributed as dist_utils
+from trainer.balance import parse_weights
 from trainer.config import BadInputError, TrainConfig
 from trainer.metrics import LOG
 
@@ -38,6 +39,13 @@ def shrunk_world() -> tuple[int, list[int] | None]:
                 f"${FULL_WORLD_ENV} {full!r} / ${KEPT_RANKS_ENV} {kept!r}"
             ) from None
         return 0, None
+
+
+def rebalanced_weights() -> list[float] | None:
+    """The agents' weights per global rank of the first world after a rebalance
+    (``$DDPFLEET_BATCH_WEIGHTS``, for trainer.balance.attempt_batches); None when unset or
+    empty. BadInputError naming the variable for a value that is no positive number."""
+    return parse_weights(os.environ.get(WEIGHTS_ENV, ""), f"${WEIGHTS_ENV}")
 
 
 def _choose(cfg: TrainConfig) -> tuple[dict[str, object], dict | None]:

@@ -38,7 +38,13 @@ from trainer.model import (
     warmup_epochs,
     wrap_ddp,
 )
-from trainer.resume import restarted, resume_state, shrunk_world, start_records
+from trainer.resume import (
+    rebalanced_weights,
+    restarted,
+    resume_state,
+    shrunk_world,
+    start_records,
+)
 from trainer.stop import StopFlag
 from trainer.tboard import EventLog
 
@@ -52,7 +58,10 @@ def _prepare(cfg: TrainConfig, env: dist_utils.DistEnv, heartbeat: Heartbeat) ->
     check_output_dir(cfg.output_dir)
     batch = default_batch_size(cfg.batch_size, env.device.type)
     full, kept = shrunk_world()  # the first attempt's global batch, split among fewer ranks
-    batches, most = attempt_batches(cfg.batch_weights, batch, env.world_size, full, kept)
+    weights = rebalanced_weights()  # or by the agents' new weights after a rebalance
+    batches, most = attempt_batches(
+        cfg.batch_weights, batch, env.world_size, full, kept, weights=weights
+    )
     dist_utils.init_distributed(env, cfg.dist_timeout)  # rank 0 chooses the checkpoint for all
     state, plan = resume_state(cfg, env)
     heartbeat.start(Path(cfg.output_dir))  # already started under the agent

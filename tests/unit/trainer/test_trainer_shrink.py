@@ -25,12 +25,14 @@ from trainer_helpers import (
     trainer_env,
 )
 
-from ddpfleet_agent.restarts import FULL_WORLD_ENV, KEPT_RANKS_ENV
+from ddpfleet_agent.restarts import FULL_WORLD_ENV, KEPT_RANKS_ENV, WEIGHTS_ENV
+from trainer.__main__ import main
 from trainer.balance import WeightedDistributedSampler, attempt_batches, forward_backward
 from trainer.balance import micro_batches as micro_count
 from trainer.config import BadInputError
 from trainer.metrics import ForwardTimer
 from trainer.model import wrap_ddp
+from trainer.resume import rebalanced_weights
 
 # --- the shares -----------------------------------------------------------------------------
 
@@ -57,6 +59,78 @@ def test_weights_split_the_global_batch_among_the_ranks_left() -> None:
     assert (shares, most) == ([72, 24], [41, 14])
     assert sum(shares) == 96
     assert [micro_count(s, m) for s, m in zip(shares, most, strict=True)] == [2, 2]
+
+
+# --- the agents' weights after a rebalance ($DDPFLEET_BATCH_WEIGHTS) --------------------------
+
+
+def _micro(shares: list[int], most: list[int]) -> list[int]:
+    return [micro_count(s, m) for s, m in zip(shares, most, strict=True)]
+
+
+def test_new_weights_move_images_to_the_faster_ranks_at_the_same_global_batch() -> None:
+    shares, most = attempt_batches("", 32, 3, weights=[2.0, 1.0, 1.0])
+    assert (shares, most) == ([48, 24, 24], [32, 32, 32])  # 96 images, as the first attempt
+    assert _micro(shares, most) == [2, 1, 1]  # rank 0 now takes 48: in two forwards of 24
+
+
+def test_new_weights_replace_the_first_attempt_s_and_keep_its_memory_bound() -> None:
+    # first attempt: 8 images by --batch-weights 3,1 -> 6, 2; the agents now say 1,3
+    shares, most = attempt_batches("3,1", 4, 2, weights=[1.0, 3.0])
+    assert (shares, most) == ([2, 6], [6, 2])
+    assert _micro(shares, most) == [1, 3]
+
+
+def test_new_weights_of_a_shrunk_world_are_the_kept_ranks_in_kept_order() -> None:
+    # first attempt: 96 by 3,3,1 -> 41, 41, 14; ranks 2 and 0 remain (in that order) and the
+    # agents weigh the first world 1,5,3: the kept ranks' 3 and 1 split the 96
+    shares, most = attempt_batches("3,3,1", 32, 2, 3, [2, 0], weights=[1.0, 5.0, 3.0])
+    assert (shares, most) == ([72, 24], [14, 41])
+    assert _micro(shares, most) == [6, 1]
+
+
+def test_without_new_weights_the_split_is_today_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(WEIGHTS_ENV, raising=False)
+    assert rebalanced_weights() is None
+    monkeypatch.setenv(WEIGHTS_ENV, " ")
+    assert rebalanced_weights() is None
+    assert attempt_batches("3,3,1", 32, 2, 3, [0, 2], weights=None) == ([72, 24], [41, 14])
+    monkeypatch.setenv(WEIGHTS_ENV, "0.5,2,1")
+    assert rebalanced_weights() == [0.5, 2.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("1,x", "$DDPFLEET_BATCH_WEIGHTS 1,x: 'x' is not a number"),
+        ("1,,1", "$DDPFLEET_BATCH_WEIGHTS 1,,1: '' is not a number"),
+        ("1,0", "$DDPFLEET_BATCH_WEIGHTS 1,0: weights must be positive (got 0.0)"),
+        ("-1,2", "$DDPFLEET_BATCH_WEIGHTS -1,2: weights must be positive (got -1.0)"),
+        ("1,inf", "$DDPFLEET_BATCH_WEIGHTS 1,inf: weights must be finite (got inf)"),
+    ],
+)
+def test_malformed_new_weights_are_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str, message: str
+) -> None:
+    monkeypatch.setenv(WEIGHTS_ENV, value)
+    with pytest.raises(BadInputError) as refused:
+        rebalanced_weights()
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [
+        ([1.0, 1.0], "$DDPFLEET_BATCH_WEIGHTS: 2 weight(s) for the first attempt's 3 rank(s)"),
+        ([1.0] * 4, "$DDPFLEET_BATCH_WEIGHTS: 4 weight(s) for the first attempt's 3 rank(s)"),
+        ([1000.0, 1.0, 1.0], "$DDPFLEET_BATCH_WEIGHTS: rank 1's share of the global batch of 6"),
+    ],
+)
+def test_new_weights_must_name_each_rank_of_the_first_world(weights, message) -> None:
+    """Counted against the first world, also when fewer ranks remain; no share rounds to 0."""
+    with pytest.raises(BadInputError) as refused:
+        attempt_batches("", 2, 2, 3, [0, 1], weights=weights)
+    assert str(refused.value).startswith(message)
 
 
 @pytest.mark.parametrize("kept", [[0], [0, 0], [0, 5], [-1, 1]])
@@ -185,3 +259,31 @@ def test_a_run_goes_on_with_one_of_its_two_ranks_at_the_same_global_batch(tmp_pa
 def _losses(out: Path) -> dict[int, float]:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in rows}
+
+
+def test_malformed_new_weights_exit_2_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(WEIGHTS_ENV, "1,1")  # two weights for a first world of one rank
+    assert main([*ARGS, "--output-dir", str(tmp_path)]) == 2
+    message = (
+        "$DDPFLEET_BATCH_WEIGHTS: 2 weight(s) for the first attempt's 1 rank(s); "
+        "give one per global rank of the first world"
+    )
+    assert capsys.readouterr().err == f"trainer: error: {message}\n"
+
+
+@pytest.mark.slow
+def test_a_rebalanced_run_takes_the_agents_shares_in_micro_batches(tmp_path: Path) -> None:
+    """--batch-weights 3,1 sized the ranks for 6 and 2 images; the agents' 1,3 give 2 and 6,
+    so rank 1 takes its 6 in 3 forwards of 2 and the global batch stays 8."""
+    args = [*ARGS, "--batch-size", "4", "--batch-weights", "3,1", "--output-dir", str(tmp_path)]
+    env = trainer_env(**{WEIGHTS_ENV: "1,3"})
+    proc = subprocess.run(trainer_cmd(args, nproc=2), env=env, capture_output=True, text=True,
+                          timeout=within(240), check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["global_batch"], summary["per_rank_batch"]) == (8, [2, 6])
+    assert len(set(summary["param_sha256_per_rank"])) == 1
+    beats = [json.loads((tmp_path / "heartbeat" / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert [(b["batch"], b["micro_batches"]) for b in beats] == [(2, 1), (6, 3)]
