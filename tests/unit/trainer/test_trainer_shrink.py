@@ -160,6 +160,9 @@ def _steps(n: int, shares: list[int], epoch: int, start: int, stop: int) -> list
         (1000, [41, 41, 14], [72, 24], 7),  # weighted
         (500, [8, 8, 8, 8], [11, 11, 10], 1),  # 4 -> 3: 32 does not divide by 3
         (333, [16, 16], [32], 9),  # down to one rank, at the epoch's last step
+        (1000, [32, 32, 32], [48, 24, 24], 4),  # a rebalance: the same ranks, new shares
+        (500, [41, 41, 14], [20, 60, 16], 2),
+        (500, [6, 2], [2, 6], 0),  # from the epoch's first step
     ],
 )
 def test_an_epoch_resumed_at_another_world_size_sees_each_sample_once(n, before, after, cut):
