@@ -129,3 +129,40 @@ def test_the_forward_timer_counts_the_time_inside_and_resets(
         clock.sleep(0.03)
     assert timer.seconds() == pytest.approx(0.05)
     assert timer.seconds() == 0.0
+
+
+class _FakeEvent:
+    """torch.cuda.Event's timing surface: ``record`` stamps the fake clock's time."""
+
+    def __init__(self, clock: Clock, synced: list[_FakeEvent]) -> None:
+        self.clock, self.synced, self.at = clock, synced, None
+
+    def record(self, stream: object) -> None:
+        self.at = self.clock.now
+
+    def synchronize(self) -> None:
+        self.synced.append(self)
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        return (end.at - self.at) * 1000  # milliseconds, as CUDA's
+
+
+def test_on_cuda_the_forward_timer_reads_event_pairs_and_waits_for_the_last_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock, synced = Clock(), []
+    fake_cuda = types.SimpleNamespace(
+        Event=lambda enable_timing: _FakeEvent(clock, synced),
+        current_stream=lambda device: "stream",
+    )
+    monkeypatch.setattr(metrics.torch, "cuda", fake_cuda)
+    timer = ForwardTimer()
+    for spent in (0.02, 0.03):
+        with timer.timed(torch.device("cuda", 0)):
+            clock.sleep(spent)
+        clock.sleep(1.0)  # the backward: not counted
+    assert synced == []  # no sync per step
+    last = timer.events[-1][1]
+    assert timer.seconds() == pytest.approx(0.05)
+    assert synced == [last]
+    assert (timer.seconds(), timer.events) == (0.0, [])
