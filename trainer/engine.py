@@ -89,7 +89,7 @@ def _log_interval(run: Run, loss_sum: torch.Tensor, count: int, bad_step: torch.
         raise NonFiniteError(f"loss became non-finite at step {step}", step)
     run.last_loss = total_loss / max(total_count, 1.0)
     own = run.meter.sec_per_image(run.forward_time.seconds())  # CUDA: its events are done now
-    run.heartbeat.interval(run.last_loss, total_rate, rate, own)
+    run.heartbeat.interval(run.last_loss, total_rate, rate, own, run.step)
     lr = run.optimizer.param_groups[0]["lr"]
     row = {
         "step": run.step,

@@ -99,13 +99,16 @@ class Heartbeat(ddpfleet_heartbeat.Beat):
         images_per_sec: float,
         own: float | None = None,
         sec_per_image: float | None = None,
+        step: int | None = None,
     ) -> None:
         """The last log interval's all-reduced loss and total images/s, this rank's images/s
         (``rank_images_per_sec``: the agent's per-host metric) and its own seconds per image,
-        waits for peers left out (``sec_per_image``: ``Throughput.sec_per_image``) (no I/O)."""
+        waits for peers left out (``sec_per_image``: ``Throughput.sec_per_image``), and the
+        ``step`` it ended at (``interval_step``: which interval the agents compare) (no I/O)."""
         self._update(
-            progress=False, loss=loss, images_per_sec=images_per_sec, rank_images_per_sec=own
-        )
+            progress=False, loss=loss, images_per_sec=images_per_sec, rank_images_per_sec=own,
+            interval_step=step,
+        )  # fmt: skip
         with self._lock:  # None too: _update would keep the last interval's figure as this one's
             self._rec["sec_per_image"] = sec_per_image
 
