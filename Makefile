@@ -109,8 +109,9 @@ bench: $(STAMP) ## Benchmark: naive DDP loop vs the trainer (prints img/s and th
 bench-decode: $(STAMP) $(JPEG_LIB) ## CPU JPEG decode benchmark: JPEGs/s per core before vs --decode cpu, ratio last
 	$(BIN)/python bench/decode_bench.py
 
-bench-balance: $(STAMP) ## Sandbox: one host slowed (train_cpus), train_balance off vs auto; img/s and ratio last
+bench-balance: $(STAMP) ## Sandbox: one host slowed at launch (train_balance off vs auto), then mid-run (train_rebalance off vs auto)
 	$(BIN)/python bench/balance_bench.py
+	$(BIN)/python bench/balance_bench.py --mid-run
 
 clean: ## Remove the venv and caches (not the sandbox: use sandbox-down)
 	rm -rf $(VENV) .pytest_cache .ruff_cache
