@@ -95,9 +95,9 @@ class Regrowing:
             shares = [sum(int(r.get("batch") or 0) for r in rs) for rs in ranks]
             times = [max(float(r.get("sec_per_image") or 0) for r in rs) for rs in ranks]
             step = min(int(r.get("interval_step") or 0) for rs in ranks for r in rs)
-            self.watch, fire = stragglers.observe(self.watch, step, shares, times, now)
-            if fire:
-                named = {cfg.hosts[n]: t for n, t in zip(members, times, strict=True)}
+            self.watch, middle = stragglers.observe(self.watch, step, shares, times, now)
+            if middle is not None:
+                named = {cfg.hosts[n]: t for n, t in zip(members, middle, strict=True)}
                 speed = stragglers.weights(named)
                 weights = {**(self.weights or {}), **speed}
                 self.rebalance_wait = (weights, speed, saved)

@@ -8,10 +8,12 @@ The measure is each host's own time per image (``sec_per_image``: the trainer's 
 forward pass, not the all-reduce that makes every host as slow as the slowest). With shares
 ``b`` and times ``t`` a step takes ``max(b * t)``; the balanced step is ``sum(b) / sum(1/t)``.
 A host's load is its step over the balanced one: 1.0 everywhere when the shares fit the
-speeds. The run rebalances when a host's load was at least ``THRESHOLD`` in ``NEEDED`` of the
-last ``WINDOW`` intervals (one noisy interval is not enough), at most ``MOST_PER_HOUR`` times
-an hour. The same rule gives a share back: once the slow host is fast again, the hosts that
-took its images carry loads above the threshold.
+speeds. Each host's figure is the median of its last ``WINDOW`` intervals (an interval of a
+few steps is noisy: 2-step intervals on the sandbox put a host 1.3x over in half of them,
+medians of 5 intervals of 4-6 steps never did); the run rebalances when a host's load from
+those medians was at least ``THRESHOLD`` in ``NEEDED`` evaluations in a row, at most
+``MOST_PER_HOUR`` times an hour. The same rule gives a share back: once the slow host is
+fast again, the hosts that took its images carry loads above the threshold.
 """
 
 from __future__ import annotations
@@ -21,17 +23,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 THRESHOLD = 1.3  # a host's step over the balanced step: what a rebalance would gain at least
-WINDOW, NEEDED = 5, 4  # log intervals looked at, of which over the threshold
+WINDOW = 5  # log intervals whose median time per image is each host's figure
+NEEDED = 2  # evaluations in a row over the threshold
 MOST_PER_HOUR = 4  # rebalances, whatever the intervals say
 
 
 @dataclass(frozen=True)
 class Watch:
-    """What the detector remembers: the step of the last interval it saw, whether each of the
-    last WINDOW intervals had a host over the threshold, and when it rebalanced."""
+    """What the detector remembers: the step of the last interval it saw, the hosts' times of
+    the last WINDOW intervals, how many evaluations in a row were over the threshold, and
+    when it rebalanced."""
 
     step: int = -1
-    over: tuple[bool, ...] = ()
+    times: tuple[tuple[float, ...], ...] = ()
+    over: int = 0
     rebalanced: tuple[float, ...] = ()
 
     def restarted(self) -> Watch:
@@ -53,21 +58,25 @@ def speeds(times: Sequence[float]) -> list[float]:
 
 def observe(
     watch: Watch, step: int, shares: Sequence[float], times: Sequence[float | None], now: float
-) -> tuple[Watch, bool]:
-    """(the detector's new state, whether to rebalance) after the interval that ended at
-    ``step``; the same step again, or a host without a figure, is no new interval."""
+) -> tuple[Watch, list[float] | None]:
+    """(the detector's new state, the hosts' times to rebalance by, or None) after the
+    interval that ended at ``step``; the same step again, or a host without a figure, is no
+    new interval."""
     if step == watch.step or len(shares) < 2 or any(not t or t <= 0 for t in times):
-        return watch, False
-    if watch.step < 0:  # a start's first interval: its warm-up, not its pace
-        return Watch(step=step, rebalanced=watch.rebalanced), False
-    known = [float(t) for t in times if t]
-    over = max(loads(shares, known)) >= THRESHOLD
-    history = (*watch.over, over)[-WINDOW:]
+        return watch, None
     recent = tuple(t for t in watch.rebalanced if now - t < 3600.0)
-    fire = sum(history) >= NEEDED and len(recent) < MOST_PER_HOUR
-    if fire:
-        return Watch(step=step, rebalanced=(*recent, now)), True
-    return Watch(step=step, over=history, rebalanced=recent), False
+    if watch.step < 0:  # a start's first interval: its warm-up, not its pace
+        return Watch(step=step, rebalanced=recent), None
+    known = tuple(float(t) for t in times if t)
+    kept = tuple(h for h in watch.times if len(h) == len(known))  # the same hosts' figures
+    history = (*kept, known)[-WINDOW:]
+    if len(history) < WINDOW:
+        return Watch(step=step, times=history, rebalanced=recent), None
+    middle = [statistics.median(host) for host in zip(*history, strict=True)]
+    over = watch.over + 1 if max(loads(shares, middle)) >= THRESHOLD else 0
+    if over >= NEEDED and len(recent) < MOST_PER_HOUR:
+        return Watch(step=step, rebalanced=(*recent, now)), middle
+    return Watch(step=step, times=history, over=over, rebalanced=recent), None
 
 
 def weights(times: Mapping[str, float]) -> dict[str, float]:

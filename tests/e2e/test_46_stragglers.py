@@ -20,9 +20,13 @@ from site_fixtures import run_site
 from test_30_train import containers, run_id, summary, train, wait_for
 from test_35_faults import SPARE_STEPS, wait_attempts, wait_gone
 
-LOG_EVERY = 2  # steps per log interval: the detector's unit
-QUIET = 10  # intervals trained unloaded before the quota: none may rebalance
-SLOW_CPUS = 0.15  # of node3's run container, against ~1 core for each other node's
+LOG_EVERY = 5  # steps per log interval: the detector's unit (the median of 5 is its figure)
+QUIET = 8  # intervals trained unloaded before the quota: none may rebalance
+# Three single-threaded ranks on the sandbox's 2 cores run at the speed of where the scheduler
+# put them (alone on a core: 2.3x the two sharing the other, as a first try measured, and
+# rebalanced for): every node's run container gets the same quota, under half a core, so equal
+# hosts are equal wherever they run. node3's is then cut to a quarter of it.
+EQUAL_CPUS, SLOW_CPUS = 0.4, 0.1
 
 
 def quota(cluster: Any, node: Any, rid: str, cpus: str) -> None:
@@ -35,11 +39,15 @@ def host_shares(attempt: dict) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def slowed(cluster: Any) -> dict:
+def slowed(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict:
     rid, slow = run_id("straggler"), cluster.nodes[2]
-    run = train(cluster, rid, "-e", "train_follow=false", "-e", "train_rebalance=auto",
+    equal = tmp_path_factory.mktemp("stragglers") / "equal.yml"
+    hosts = "".join(f"    {n.name}:\n      train_cpus: {EQUAL_CPUS}\n" for n in cluster.nodes)
+    equal.write_text(f"all:\n  hosts:\n{hosts}")
+    run = train(cluster, rid, "-i", str(equal), "-e", "train_follow=false",
+                "-e", "train_rebalance=auto",
                 "-e", f"train_max_steps={SPARE_STEPS}", "-e", f"train_log_every={LOG_EVERY}",
-                "-e", "train_checkpoint_every=4", "-e", "train_image_size=64",
+                "-e", f"train_checkpoint_every={LOG_EVERY}", "-e", "train_image_size=64",
                 "-e", "train_batch_size=16", "-e", "train_synthetic=true")  # fmt: skip
     assert run.rc == 0, run.tail()
     first = wait_for(cluster, rid, None, step=3)["step"]
@@ -49,7 +57,7 @@ def slowed(cluster: Any) -> dict:
     attempts = wait_attempts(cluster, rid, 2, timeout=240)
     found = time.time() - slowed_at
     print(f"\nnode3 at {SLOW_CPUS} CPU -> first step with new shares: {found:.1f} s")
-    quota(cluster, slow, rid, "$(nproc)")
+    quota(cluster, slow, rid, str(EQUAL_CPUS))
     lifted_at = time.time()
     attempts = wait_attempts(cluster, rid, 3, timeout=240)
     back = time.time() - lifted_at
@@ -77,7 +85,7 @@ def test_a_slowed_host_gets_a_smaller_share_at_a_checkpoint(cluster: Any, slowed
     assert after["node3"] < before["node3"], (before, after)
     assert after["node1"] > before["node1"], (before, after)
     assert smaller["speeds"]["node3"] < 0.7, smaller["speeds"]
-    assert smaller["from_step"] % 4 == 0  # a checkpoint's step
+    assert smaller["from_step"] % LOG_EVERY == 0  # a checkpoint's step
     assert smaller["hosts"] == [n.name for n in cluster.nodes]
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from ddpfleet_agent.cli import parse_args
 from ddpfleet_agent.restarts import WEIGHTS_ENV
-from ddpfleet_agent.stragglers import NEEDED
+from ddpfleet_agent.stragglers import NEEDED, WINDOW
 from ddpfleet_agent.supervise import Agent
 
 
@@ -44,7 +44,7 @@ def interval(agent, step, times, shares, saved=0):
 def test_a_slowed_host_gets_a_smaller_share_at_the_next_checkpoint(lead):
     said = []
     lead.say = said.append
-    for i in range(1 + NEEDED):  # a warm-up interval, then NEEDED with h2 at a third
+    for i in range(WINDOW + NEEDED):  # a warm-up interval, a window, then NEEDED with h2 slow
         interval(lead, 10 + i * 10, [0.01, 0.01, 0.031], [32, 32, 32], saved=40)
         assert lead._rebalance(float(i)) is None
     assert said == ["hosts' speeds h0 1.00x, h1 1.00x, h2 0.32x: new shares at the run's "
@@ -76,20 +76,20 @@ def test_a_slowed_host_gets_a_smaller_share_at_the_next_checkpoint(lead):
 
 def test_no_new_shares_with_rebalance_off_or_for_a_program_without_the_figure(lead):
     lead.cfg.rebalance = "off"
-    for i in range(2 + NEEDED):
+    for i in range(2 * WINDOW + NEEDED):
         interval(lead, 10 + i * 10, [0.01, 0.01, 0.05], [32, 32, 32], saved=10 * i)
         assert lead._rebalance(float(i)) is None
     assert lead.rebalance_wait is None
     lead.cfg.rebalance = "auto"
-    for i in range(2 + NEEDED):  # a user's program: its heartbeats have no sec_per_image
+    for i in range(2 * WINDOW + NEEDED):  # a user's program: its heartbeats have no sec_per_image
         interval(lead, 10 + i * 10, [None, None, None], [32, 32, 32], saved=10 * i)
         assert lead._rebalance(float(i)) is None
     assert lead.rebalance_wait is None
 
 
 def test_the_run_s_last_checkpoint_is_no_time_for_new_shares(lead):
-    for i in range(1 + NEEDED):
-        interval(lead, 390 + i, [0.01, 0.01, 0.05], [32, 32, 32], saved=390)
+    for i in range(WINDOW + NEEDED):
+        interval(lead, 380 + i, [0.01, 0.01, 0.05], [32, 32, 32], saved=390)
         lead._rebalance(float(i))
     assert lead.rebalance_wait is not None
     interval(lead, 400, [0.01, 0.01, 0.05], [32, 32, 32], saved=400)
