@@ -1,4 +1,5 @@
-"""Taking a host back into a run that went on without it (``--min-hosts``), at a checkpoint.
+"""Taking a host back into a run that went on without it (``--min-hosts``), at a checkpoint;
+and new shares of the global batch for a host that became slow (``--rebalance``), the same way.
 
 The ``Regrowing`` part of ``supervise.Agent``. A host left out (cut off, or its agent judged
 gone) keeps its agent: its ranks are ended, and it tries the run's store every few seconds. A

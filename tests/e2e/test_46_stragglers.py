@@ -20,8 +20,11 @@ from site_fixtures import run_site
 from test_30_train import containers, run_id, summary, train, wait_for
 from test_35_faults import SPARE_STEPS, wait_attempts, wait_gone
 
-LOG_EVERY = 5  # steps per log interval: the detector's unit (the median of 5 is its figure)
-QUIET = 8  # intervals trained unloaded before the quota: none may rebalance
+# steps per log interval, the detector's unit (the median of 5 is its figure): each interval
+# of a start costs steps, most of them node3's slowed ones (at 5: 5.5 min of CI, 2.3 of them
+# from the quota to the first step with new shares)
+LOG_EVERY = 4
+QUIET = 6  # intervals trained unloaded before the quota: none may rebalance
 # Three single-threaded ranks on the sandbox's 2 cores run at the speed of where the scheduler
 # put them (alone on a core: 2.3x the two sharing the other, as a first try measured, and
 # rebalanced for): every node's run container gets the same quota, under half a core, so equal
