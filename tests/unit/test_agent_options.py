@@ -22,7 +22,7 @@ def test_the_agent_has_a_flag_for_each_supervision_option() -> None:
     assert sorted(AGENT) == sorted(
         f"train_{n}"
         for n in ("peer_timeout", "heartbeat_timeout", "restarts", "min_hosts", "stop_timeout",
-                  "max_runtime", "log_tail_lines", "straggler_ratio", "program")
+                  "max_runtime", "log_tail_lines", "straggler_ratio", "program", "rebalance")
     )  # fmt: skip
 
 
@@ -101,3 +101,9 @@ def test_help_shows_the_declared_flags_with_their_defaults() -> None:
     text = " ".join(proc.stdout.split())
     assert "--restarts RESTARTS train_restarts: Restarts" in text
     assert "The agent takes 0 to 1000. Default: 2." in text
+
+
+def test_rebalance_takes_auto_or_off_and_refuses_anything_else() -> None:
+    assert parse_args([*BASE, "--rebalance", "off", "--", "cmd"]).rebalance == "off"
+    with pytest.raises(BadAgentInput, match="--rebalance must be auto or off, not 'sometimes'"):
+        parse_args([*BASE, "--rebalance", "sometimes", "--", "cmd"])
