@@ -74,6 +74,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=20,
         help="--mid-run: the step from which the slow host has its quota",
     )
+    p.add_argument(
+        "--equal-cpus",
+        type=float,
+        default=0.4,
+        help="--mid-run: every host's train_cpus before the slowdown",
+    )
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args(argv)
     if args.mid_run and not 0 < args.slow_at < args.mid_run_steps:
@@ -179,12 +185,19 @@ def report_launch_time(args: argparse.Namespace, results: dict, balance: dict) -
 def mid_run(args: argparse.Namespace, stamp: str) -> int:
     node_container(args.slow_host)  # an unknown host fails here, before any launch
     job = job_args(
-        args, args.mid_run_steps, train_log_every=2, train_checkpoint_every=4, train_follow="false"
+        args, args.mid_run_steps, train_log_every=4, train_checkpoint_every=4, train_follow="false"
     )
-    runs = {
-        mode: slowed_run(args, f"bench-balance-{stamp}-midrun-{mode}", mode, job)
-        for mode in ("off", "auto")
-    }
+    # the sandbox's nodes share its cores: the same quota on every host, under half a core,
+    # makes equal hosts equal wherever the scheduler puts their ranks (tests/e2e/test_46)
+    with tempfile.TemporaryDirectory(prefix="bench-balance-") as tmp:
+        equal = Path(tmp) / "equal.yml"
+        hosts = "".join(f"    node{n}:\n      train_cpus: {args.equal_cpus}\n"
+                        for n in range(1, HOSTS + 1))  # fmt: skip
+        equal.write_text(f"all:\n  hosts:\n{hosts}")
+        runs = {
+            mode: slowed_run(args, f"bench-balance-{stamp}-midrun-{mode}", mode, job, equal)
+            for mode in ("off", "auto")
+        }
     print(
         f"slow host {args.slow_host} at docker update --cpus {args.cpus:g} from step "
         f"{args.slow_at}; {args.arch} at {args.image_size} px, global batch "
@@ -198,9 +211,11 @@ def mid_run(args: argparse.Namespace, stamp: str) -> int:
     return 0
 
 
-def slowed_run(args: argparse.Namespace, run_id: str, mode: str, job: list[str]) -> dict:
+def slowed_run(
+    args: argparse.Namespace, run_id: str, mode: str, job: list[str], equal: Path
+) -> dict:
     """Launch, slow the host at --slow-at, wait for the end: the run's figures."""
-    train([INVENTORY], run_id, "-e", f"train_rebalance={mode}", *job)
+    train([INVENTORY, equal], run_id, "-e", f"train_rebalance={mode}", *job)
     record = wait_for(run_id, lambda r: ended(r) or step_of(r) >= args.slow_at)
     if ended(record):
         raise SystemExit(
