@@ -33,6 +33,12 @@ if TYPE_CHECKING:
 ASK_EVERY = 2.0  # seconds between a left-out host's tries of the store
 
 
+def _host_times(ranks: list[list[dict]]) -> list[float]:
+    """Each host's own time per image from its ranks' views: its slowest rank's (the host's
+    step waits for it); 0 where none is known yet."""
+    return [max((float(r.get("sec_per_image") or 0) for r in rs), default=0.0) for rs in ranks]
+
+
 class Regrowing:
     cfg: AgentConfig
     peers: Peers
@@ -94,7 +100,7 @@ class Regrowing:
         saved, total = ranks[0][0].get("saved"), ranks[0][0].get("total_steps")
         if self.rebalance_wait is None:
             shares = [sum(int(r.get("batch") or 0) for r in rs) for rs in ranks]
-            times = [max(float(r.get("sec_per_image") or 0) for r in rs) for rs in ranks]
+            times = _host_times(ranks)
             step = min(int(r.get("interval_step") or 0) for rs in ranks for r in rs)
             self.watch, middle = stragglers.observe(self.watch, step, shares, times, now)
             if middle is not None:
@@ -119,8 +125,7 @@ class Regrowing:
     def _speed(self) -> float | None:
         """This host's speed relative to the median member's (the metrics), None unknown."""
         members, views = list(self.peers.members), self.peers.views
-        ranks = [views.get(n, {}).get("ranks") or [] for n in members]
-        times = [max((float(r.get("sec_per_image") or 0) for r in rs), default=0) for rs in ranks]
+        times = _host_times([views.get(n, {}).get("ranks") or [] for n in members])
         if self.cfg.node_rank not in members or not all(times):
             return None
         return round(stragglers.speeds(times)[members.index(self.cfg.node_rank)], 3)
