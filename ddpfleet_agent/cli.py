@@ -184,8 +184,8 @@ def parse_args(argv: list[str]) -> AgentConfig:
         raise BadAgentInput(f"--node-rank {ns.node_rank} does not name {ns.host} in --hosts")
     if not RUN_ID_RE.match(ns.run_id) or ns.run_id in (".", ".."):
         raise BadAgentInput(f"invalid --run-id {ns.run_id!r}")
-    store_host, store_port = _address("--store", ns.store)
-    metrics_host, metrics_port = _address("--metrics", ns.metrics) if ns.metrics else ("", 0)
+    ns.store_host, ns.store_port = _address("--store", ns.store)
+    ns.metrics_host, ns.metrics_port = _address("--metrics", ns.metrics) if ns.metrics else ("", 0)
     if not (math.isfinite(ns.dump_timeout) and 0 <= ns.dump_timeout <= 60):
         raise BadAgentInput("--dump-timeout must be from 0 to 60")
     if not 0 <= ns.min_hosts <= len(hosts):
@@ -200,32 +200,8 @@ def parse_args(argv: list[str]) -> AgentConfig:
             f"--addresses {ns.addresses} must name one address for each of the {len(hosts)} "
             f"hosts of --hosts, in the same order"
         )
-    return AgentConfig(
-        run_dir=ns.run_dir,
-        run_id=ns.run_id,
-        host=ns.host,
-        node_rank=ns.node_rank,
-        hosts=hosts,
-        store_host=store_host,
-        store_port=store_port,
-        command=command,
-        key_file=ns.key_file,
-        peer_timeout=ns.peer_timeout,
-        heartbeat_timeout=ns.heartbeat_timeout,
-        stop_timeout=ns.stop_timeout,
-        max_runtime=ns.max_runtime,
-        attempt=ns.attempt,
-        log_tail_lines=ns.log_tail_lines,
-        fallback_dir=ns.fallback_dir,
-        dump_timeout=ns.dump_timeout,
-        storage_timeout=ns.storage_timeout,
-        program=ns.program,
-        world_size=max(ns.world_size, 0),
-        straggler_ratio=ns.straggler_ratio,
-        metrics_host=metrics_host,
-        metrics_port=metrics_port,
-        restarts=ns.restarts,
-        min_hosts=ns.min_hosts,
-        rebalance=ns.rebalance,
-        addresses=addresses,
-    )
+    # the flags parsed into other values, then every field from the flag of its name
+    ns.hosts, ns.command, ns.addresses = hosts, command, addresses
+    ns.world_size = max(ns.world_size, 0)
+    names = [f.name for f in dataclasses.fields(AgentConfig)]
+    return AgentConfig(**{name: getattr(ns, name) for name in names if name in ns})

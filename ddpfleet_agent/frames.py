@@ -31,10 +31,6 @@ class Hangup(ConnectionError):
     """The store's side closed the connection before any of its answer."""
 
 
-def _bytes(value: bytes | str) -> bytes:
-    return value.encode() if isinstance(value, str) else value
-
-
 def send_frame(sock: socket.socket, message: dict) -> None:
     data = json.dumps(message, separators=(",", ":")).encode()
     sock.sendall(len(data).to_bytes(4, "big") + data)
