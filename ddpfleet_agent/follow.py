@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ddpfleet_agent.reader import ENDED
 from ddpfleet_agent.records import cause_line
-from ddpfleet_agent.report import restarts
+from ddpfleet_agent.report import restarts, shown
 
 MARK = "@@ddpfleet-file@@"
 TEXT = ("report.txt",)  # records that are not JSON: parse keeps them as {"text": ...}
@@ -129,11 +129,6 @@ def duration(sec: object) -> str:
     return f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def _num(value: object, fmt: str) -> str:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return format(value, fmt) if ok else "?"
-
-
 def progress_line(run_id: str, p: dict, hosts: list[str]) -> str:
     """run r: step 40/100 (40%), loss 6.1234, 55.2 img/s, ETA 1m05s, hosts running 3/3
     (phase train); hosts not running are named (hosts running 2/3: node3 silent), and new
@@ -153,8 +148,8 @@ def progress_line(run_id: str, p: dict, hosts: list[str]) -> str:
     if isinstance(last, dict) and str(last.get("cause")).startswith("rebalanced: "):
         restarts += f", {last['cause']}"  # the shares the ranks run with (regrow.py)
     return (
-        f"run {run_id}: {where}, loss {_num(p.get('loss'), '.4f')}, "
-        f"{_num(p.get('images_per_sec'), '.1f')} img/s, ETA {duration(p.get('eta_sec'))}, "
+        f"run {run_id}: {where}, loss {shown(p.get('loss'), '.4f')}, "
+        f"{shown(p.get('images_per_sec'), '.1f')} img/s, ETA {duration(p.get('eta_sec'))}, "
         f"hosts running {len(up)}/{len(hosts)}{': ' + others if others else ''}"
         f" (phase {p.get('phase') or '?'}{restarts})"
     )

@@ -33,9 +33,9 @@ def run_status(hosts: list[str], outcomes: dict[str, str], failed: bool) -> str:
     return "stopped" if known <= {"completed", "stopped"} else "failed"
 
 
-def _num(value: object) -> float | None:
-    n = number(value)
-    return None if n is None else float(n)
+def shown(value: object, fmt: str, unit: str = "") -> str:
+    """value as ``fmt`` (and ``unit``) when it is a number, else ?."""
+    return "?" if number(value) is None else format(value, fmt) + unit
 
 
 def report_lines(
@@ -47,8 +47,8 @@ def report_lines(
     per_rank = summary.get("per_rank_images_per_sec") or []
     if isinstance(per_rank, dict):
         per_rank = [per_rank[k] for k in sorted(per_rank, key=int)]
-    rates = [_num(r) for r in per_rank]
-    batches = [_num(b) for b in summary.get("per_rank_batch") or []]
+    rates = [number(r) for r in per_rank]
+    batches = [number(b) for b in summary.get("per_rank_batch") or []]
     if len(batches) != len(rates) or None in batches or not all(batches):
         batches = [1.0] * len(rates)  # unknown shares (an older summary): equal
     paced = [None if r is None else r / b for r, b in zip(rates, batches, strict=True)]
@@ -63,21 +63,17 @@ def report_lines(
         share = (
             f"{batch:g} ({100 * batch / global_batch:.0f}%)" if "per_rank_batch" in summary else "?"
         )
-        shown = f"{rate:10.1f}" if rate is not None else f"{'?':>10}"
         slow = pace is not None and pace < ratio * median
         note = f"STRAGGLER ({pace / median:.2f}x median)" if slow else ""
-        lines.append(f"{rank:>6}  {host:<{width}}  {share:>11}  {shown}  {note}".rstrip())
-    total = _num(summary.get("images_per_sec"))
-    lines.append(f"{'total':>6}  " + (f"{total:10.1f}" if total is not None else f"{'?':>10}"))
-    loss, acc, wall = (
-        _num(summary.get(k)) for k in ("final_loss", "final_accuracy", "wall_time_sec")
-    )
+        rate_text = shown(rate, ".1f")
+        lines.append(f"{rank:>6}  {host:<{width}}  {share:>11}  {rate_text:>10}  {note}".rstrip())
+    lines.append(f"{'total':>6}  {shown(summary.get('images_per_sec'), '.1f'):>10}")
     lines.append(
         f"status {summary.get('status', '?')}, steps {summary.get('steps', '?')}, "
         f"world size {summary.get('world_size', '?')}, "
-        f"final loss {'?' if loss is None else f'{loss:.4f}'}, "
-        f"final accuracy {'?' if acc is None else f'{acc:.4f}'}, "
-        f"wall time {'?' if wall is None else f'{wall:.1f}s'}"
+        f"final loss {shown(summary.get('final_loss'), '.4f')}, "
+        f"final accuracy {shown(summary.get('final_accuracy'), '.4f')}, "
+        f"wall time {shown(summary.get('wall_time_sec'), '.1f', 's')}"
     )
     for n, a, change in restarts(summary.get("attempts")):
         where = f", on {len(a.get('hosts') or [])} hosts: {change}" if change else ""
@@ -111,17 +107,16 @@ def program_lines(summary: dict, tail: int = 5) -> list[str]:
     for host, rec in hosts.items():
         code = rec.get("exit_code")
         lines.append(f"{host:<16}  {'?' if code is None else code:>5}  {rec.get('outcome', '?')}")
-    wall = _num(summary.get("wall_time_sec"))
     lines.append(
         f"program {summary.get('program', '?')}: status {summary.get('status', '?')}, "
         f"world size {summary.get('world_size', '?')}, "
-        f"wall time {'?' if wall is None else f'{wall:.1f}s'}"
+        f"wall time {shown(summary.get('wall_time_sec'), '.1f', 's')}"
     )
     first = next(iter(hosts.values()), {})
-    shown = (first.get("log_tail") or [])[-tail:] if tail else []
-    if shown:
+    last = (first.get("log_tail") or [])[-tail:] if tail else []
+    if last:
         lines.append(f"last lines of {next(iter(hosts))}'s log:")
-        lines.extend(f"  {line}" for line in shown)
+        lines.extend(f"  {line}" for line in last)
     return lines
 
 
@@ -140,7 +135,7 @@ def read_metrics(path: Path) -> list[dict]:
             row = json.loads(line)
         except ValueError:
             continue
-        if isinstance(row, dict) and _num(row.get("step")) is not None:
+        if isinstance(row, dict) and number(row.get("step")) is not None:
             rows.append(row)
     return rows
 
@@ -161,7 +156,7 @@ def write_report(run_dir: Path, run_id: str, hosts: list[str], nproc: int, ratio
     try:
         marks = [(float(a["from_step"]), f"restart {n}" + (f": {change}" if change else ""))
                  for n, a, change in restarts(summary.get("attempts"))
-                 if _num(a.get("from_step")) is not None]  # fmt: skip
+                 if number(a.get("from_step")) is not None]  # fmt: skip
         png = render_png(run_id, rows, marks)
     except ImportError as exc:
         return f"report.txt written; report.png not drawn: {exc}"
