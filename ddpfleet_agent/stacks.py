@@ -25,18 +25,6 @@ COLLECTIVES = frozenset(
 LIBRARY_PARTS = ("torch/", "torchvision/", "numpy/", "PIL/", "threading.py", "runpy.py")
 
 
-def main_thread(threads: list[dict]) -> dict:
-    """The thread whose stack says what the rank does: the main thread, else the first one."""
-    for thread in threads:
-        if thread.get("thread_name") == "MainThread":
-            return thread
-    return threads[0] if threads else {}
-
-
-def _python(frames: list[dict]) -> list[dict]:
-    return [f for f in frames if str(f.get("filename") or "").endswith(".py")]
-
-
 def _name(frame: dict) -> str:
     return str(frame.get("name") or "?").rsplit(".", 1)[-1]
 
@@ -48,7 +36,9 @@ def _short(frame: dict) -> str:
 def where(threads: list[dict], state: str = "") -> dict:
     """{"what": ..., "at": ..., "io": bool} of one rank's stacks (py-spy JSON); ``state`` is
     its process state letter (T: stopped, D: in uninterruptible I/O)."""
-    frames = _python(main_thread(threads).get("frames") or [])
+    # the thread whose stack says what the rank does: the main thread, else the first one
+    main = [t for t in threads if t.get("thread_name") == "MainThread"] or threads or [{}]
+    frames = [f for f in main[0].get("frames") or [] if str(f.get("filename")).endswith(".py")]
     what = _name(frames[0]) if frames else "no Python frame"
     for frame in frames:  # innermost first: the first recognised call is the one it waits in
         path, name = str(frame.get("filename") or ""), _name(frame)

@@ -29,16 +29,11 @@ TRAINER_PART = "summary.trainer.json"
 EARLIER = ("failure", "cause", "diagnosis", "stopped_by", "stopped_at")
 
 
-def under_agent() -> bool:
-    """Whether a ddpfleet agent supervises this process (it sets $DDPFLEET_HEARTBEAT_DIR)."""
-    return bool(os.environ.get(DIR_ENV))
-
-
 def write_trainer_summary(run_dir: Path, summary: dict) -> Path:
-    """The trainer's summary (rank 0, at the end), on one line: under an agent its part,
-    ``TRAINER_PART``, which the agent merges into summary.json at the run's end; without
-    one, summary.json itself. Returns the path written."""
-    path = Path(run_dir) / (TRAINER_PART if under_agent() else SUMMARY)
+    """The trainer's summary (rank 0, at the end), on one line: under an agent (it sets
+    $DDPFLEET_HEARTBEAT_DIR) its part, ``TRAINER_PART``, which the agent merges into
+    summary.json at the run's end; without one, summary.json itself. Returns the path."""
+    path = Path(run_dir) / (TRAINER_PART if os.environ.get(DIR_ENV) else SUMMARY)
     write_json_atomic(path, summary, indent=None)
     return path
 
