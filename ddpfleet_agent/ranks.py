@@ -107,6 +107,14 @@ def _count(value: object) -> int:
     return int(n) if n is not None and math.isfinite(n) else 0
 
 
+# What a rank's view carries of its heartbeat besides rank and phase: counts (0 unless a finite
+# number) and numbers (None unless one). batch: its share of the global batch (trainer); saved:
+# the step of the newest checkpoint; sec_per_image: its own (stragglers.py); interval_step: the
+# step of the last log interval.
+COUNTS = ("step", "total_steps", "interval_step")
+NUMBERS = ("epoch", "loss", "images_per_sec", "batch", "micro_batches", "saved", "sec_per_image")
+
+
 def rank_views(beats: dict[int, dict], now: float) -> list[dict]:
     """What the store carries per rank: step, phase and ages measured on this host's clock.
     Numbers only where numbers go (a user's program writes its own heartbeat): the other
@@ -118,19 +126,11 @@ def rank_views(beats: dict[int, dict], now: float) -> list[dict]:
         views.append(
             {
                 "rank": rank,
-                "step": _count(rec.get("step")),
-                "total_steps": _count(rec.get("total_steps")),
-                "epoch": number(rec.get("epoch")),
                 "phase": str(rec.get("phase") or "start"),
                 "live_age": None if live is None else round(now - live, 2),
                 "progress_age": None if prog is None else round(now - prog, 2),
-                "loss": number(rec.get("loss")),
-                "images_per_sec": number(rec.get("images_per_sec")),
-                "batch": number(rec.get("batch")),  # its share of the global batch (trainer)
-                "micro_batches": number(rec.get("micro_batches")),
-                "saved": number(rec.get("saved")),  # the step of the newest checkpoint
-                "sec_per_image": number(rec.get("sec_per_image")),  # its own (stragglers.py)
-                "interval_step": _count(rec.get("interval_step")),  # of the last log interval
+                **{key: _count(rec.get(key)) for key in COUNTS},
+                **{key: number(rec.get(key)) for key in NUMBERS},
             }
         )
     return views

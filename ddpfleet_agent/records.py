@@ -34,6 +34,12 @@ def cause_line(run_id: str, failure: dict) -> str:
     return f"run {run_id} failed: {where}: {failure.get('reason')}"
 
 
+def _say(text: str) -> None:
+    """A line on stderr (which may be gone too)."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"ddpfleet agent: {text}\n".encode())
+
+
 class Records:
     """nodes/<host>.log|.exit, summary.json and progress.json of one run directory."""
 
@@ -65,8 +71,7 @@ class Records:
             try:
                 job()
             except OSError as exc:  # shared storage trouble must not end supervision
-                with contextlib.suppress(OSError):
-                    os.write(2, f"ddpfleet agent: write failed: {exc}\n".encode())
+                _say(f"write failed: {exc}")
             finally:
                 self._queue.task_done()
 
@@ -94,8 +99,7 @@ class Records:
         try:
             write(self.fallback)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.write(2, f"ddpfleet agent: fallback write failed: {exc}\n".encode())
+            _say(f"fallback write failed: {exc}")
 
     def _append(self, line: str) -> None:
         if self._log is None:
@@ -146,9 +150,7 @@ class Records:
         got = read_json_within(self.run_dir / name, self.read_timeout)
         if got is None:
             self.storage_silent = True
-            with contextlib.suppress(OSError):
-                os.write(2, f"ddpfleet agent: shared storage did not answer a read of {name} "
-                            f"within {self.read_timeout:g} s\n".encode())  # fmt: skip
+            _say(f"shared storage did not answer a read of {name} within {self.read_timeout:g} s")
             return {}
         return got
 
