@@ -87,18 +87,19 @@ def wait_for_end(top, wait):
         time.sleep(max(0.0, min(TICK, deadline - time.monotonic())))
 
 
-def links_below(parent, prefix, depth):
-    """Relative names of the links in the directory ``parent`` (an fd) and its directories."""
+def links_below(parent, name, depth):
+    """Relative names of the links in the directory ``name`` of ``parent`` (an fd) and its
+    directories, to ``depth``."""
+    child = opendir(name, parent)
+    if child is None:
+        return []
     found = []
-    for entry in sorted(os.scandir(parent), key=lambda e: e.name):
-        name = prefix + entry.name
+    for entry in sorted(os.scandir(child), key=lambda e: e.name):
         if entry.is_symlink():
-            found.append(name)
+            found.append(f"{name}/{entry.name}")
         elif entry.is_dir(follow_symlinks=False) and depth > 0:
-            child = opendir(entry.name, parent)
-            if child is not None:
-                found += links_below(child, name + "/", depth - 1)
-                os.close(child)
+            found += [f"{name}/{n}" for n in links_below(child, entry.name, depth - 1)]
+    os.close(child)
     return found
 
 
@@ -113,10 +114,7 @@ def planted_links(top):
         if stat.S_ISLNK(mode):
             found.append(name)
         elif stat.S_ISDIR(mode) and name in WALKED:
-            child = opendir(name, top)
-            if child is not None:
-                found += links_below(child, name + "/", DEPTH)
-                os.close(child)
+            found += links_below(top, name, DEPTH)
     return found
 
 
