@@ -1,13 +1,9 @@
 """The run agent: PID 1 of every run container, supervising its host's ranks.
 
 ``python -m ddpfleet_agent --run-dir D --run-id R --host H --node-rank N --hosts h0,h1,...
-[--addresses a0,a1,...] --store ADDR:PORT --key-file F [--peer-timeout S]
-[--heartbeat-timeout S] [--restarts N] [--min-hosts N] [--stop-timeout S] [--max-runtime S]
-[--attempt A] [--log-tail-lines N] [--world-size N] [--straggler-ratio R] [--program P]
--- torchrun ... -m trainer ...``
-
-The flags that are train_* options take their defaults and ranges from the one declaration,
-trainer/options.py, through the table it generates here (options.py); ``--help`` shows them.
+--store ADDR:PORT --key-file F [options] -- torchrun ... -m trainer ...``: ``--help`` lists the
+options (cli.py); those that are train_* options take their defaults and ranges from the one
+declaration, trainer/options.py, through the table it generates here (options.py).
 
 One agent per host. Node rank 0's agent serves the run's store (store.py, standard library
 only: the agent imports no torch) at ``--store``; every agent connects to it. Each agent:

@@ -8,17 +8,13 @@ calls the agents make keep c10d's meaning: ``set``, ``get``, ``check``, ``compar
 ``delete_key``; ``get`` answers None for a missing key where c10d waits for it (the agents
 always ``check`` first).
 
-Wire: a request and its answer are each one frame, a 4-byte big-endian length and that many
-bytes of a JSON object; values travel base64-coded, so a client may store any bytes. A frame
-over ``MAX_FRAME`` or that is not such an object closes the connection; a request the server
-cannot apply is answered with ``error`` (raised on the client as ``StoreError``). The store
-takes any client on the cluster network, as c10d's did, within bounds: ``MAX_CONNECTIONS`` at
-once (one more is closed at once), each closed after frames.IDLE_S without a request (the
-client connects again on its next call), a frame read as its bytes arrive and within
-frames.FRAME_S, the frames being received bounded in bytes (frames.SMALL, MAX_PENDING), the
-keys and values in memory (store_data.py). Node rank 0's agent serves it with wire.admits: the
-agents' keys only, and values sealed with the run's secret for this launch, so a stray client
-cannot fill it.
+Wire (frames.py): a request and its answer are each one frame of a JSON object; values travel
+base64-coded, so a client may store any bytes. A frame the server cannot read closes the
+connection; a request it cannot apply is answered with ``error`` (``StoreError`` on the
+client). The store takes any client on the cluster network, as c10d's did, within bounds:
+``MAX_CONNECTIONS`` at once (one more is closed at once), frames.py's on each frame and
+store_data.py's on memory. Node rank 0's agent serves it with wire.admits: the agents' keys
+only, and values sealed with the run's secret for this launch, so a stray client cannot fill it.
 """
 
 from __future__ import annotations

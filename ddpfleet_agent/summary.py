@@ -8,11 +8,8 @@ at the end of each start of the ranks). At the run's end the agent merges that p
 outcome (a failure, a stop it forced, a user's program's facts) and the attempts into one dict
 (``merge``) and writes it (``records.Records.write_attempts``); node rank 0's agent then
 removes the part, so that a later attempt of the run never merges it again. A user's program
-(``--program``) writes no part: its summary.json there (keys the program wrote, or an earlier
-attempt's) is the base instead.
-
-The trainer run without an agent (``python -m trainer``, a plain torchrun: no
-``$DDPFLEET_HEARTBEAT_DIR``, which the agent sets for its ranks) writes summary.json itself.
+(``--program``) writes no part (``merge_base``); the trainer without an agent writes
+summary.json itself (``write_trainer_summary``).
 """
 
 from __future__ import annotations
