@@ -24,14 +24,6 @@ _ROOT_CAUSE_RE = re.compile(
 )
 
 
-def parse_root_cause(text: str) -> tuple[int, int] | None:
-    """(global rank, exit code) from torchrun's last "Root Cause" block, if any."""
-    found = list(_ROOT_CAUSE_RE.finditer(text))
-    if not found:
-        return None
-    return int(found[-1].group(1)), int(found[-1].group(3))
-
-
 def exit_signal(code: int | None) -> int | None:
     """The signal an exit code says the process died of (negative: Popen's -signal; over 128:
     a shell's 128+signal), or None."""
@@ -212,10 +204,11 @@ class LocalRanks:
             self.proc.wait(timeout=KILL_WAIT)
 
     def failed_rank(self, code: int) -> tuple[int | None, int, str]:
-        """(rank, exit code, reason) of a non-zero exit, from torchrun's root-cause block."""
-        cause = parse_root_cause("\n".join(self.tail))
-        if cause is not None:
-            return cause[0], cause[1], f"rank {cause[0]} {describe_exit(cause[1])}"
+        """(rank, exit code, reason) of a non-zero exit, from torchrun's last root-cause block."""
+        found = list(_ROOT_CAUSE_RE.finditer("\n".join(self.tail)))
+        if found:
+            rank, code = int(found[-1].group(1)), int(found[-1].group(3))
+            return rank, code, f"rank {rank} {describe_exit(code)}"
         beats = self.heartbeats()
         if len(beats) == 1:  # one rank on this host: it is the one
             return next(iter(beats)), code, f"rank {next(iter(beats))} {describe_exit(code)}"

@@ -34,8 +34,7 @@ def cause_line(run_id: str, failure: dict) -> str:
     return f"run {run_id} failed: {where}: {failure.get('reason')}"
 
 
-def _say(text: str) -> None:
-    """A line on stderr (which may be gone too)."""
+def _say(text: str) -> None:  # on stderr, which may be gone too
     with contextlib.suppress(OSError):
         os.write(2, f"ddpfleet agent: {text}\n".encode())
 
