@@ -1,7 +1,7 @@
 """How an agent reports its run: progress.json while it runs; at the end its exit record, the
 run's summary, the final progress and the report.
 
-The ``Ending`` half of ``supervise.Agent``: node rank 0's agent rewrites progress.json every
+``Ending``: node rank 0's agent rewrites progress.json every
 PROGRESS_EVERY s while the run goes; every host's agent reports its exit (store and
 ``nodes/<host>.exit.json``) and, where it judged a failure, the cause; node rank 0's agent then
 waits for the others' exits, writes summary.json's outcome, the report of a completed run and
@@ -12,8 +12,12 @@ writes the cause itself if nobody else did.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from ddpfleet_agent.judging import EXIT_STOPPED
+from ddpfleet_agent.machine import Standing
 from ddpfleet_agent.peers import StoreLost
 from ddpfleet_agent.records import cause_line
 from ddpfleet_agent.report import run_status
@@ -24,61 +28,57 @@ if TYPE_CHECKING:
     from ddpfleet_agent.peers import Peers
     from ddpfleet_agent.ranks import LocalRanks
     from ddpfleet_agent.records import Records
+    from ddpfleet_agent.restarts import Starts
 
-EXIT_STOPPED = 143
 PROGRESS_EVERY = 2.0  # seconds between node rank 0's progress.json writes
 
 
 class Ending:
-    cfg: AgentConfig
-    records: Records
-    ranks: LocalRanks
-    peers: Peers
-    failure: Failure | None
-    diagnosis: str | None
-    store_ok: bool
-    escalated: bool
-    last_progress: float
-    first_train: tuple[float, int] | None
-    restarts: int  # restarts.Restarting's
-    attempts: list[dict]
-    # and, from supervise.Agent: say() and _record()
+    def __init__(self, cfg: AgentConfig, peers: Peers, ranks: LocalRanks, *, records: Records,
+                 starts: Starts, say: Callable[[str], None],
+                 record: Callable[[str], dict]) -> None:  # fmt: skip
+        """``record``: this host's record in the store in a state (its ranks' views)."""
+        self.cfg, self.records, self.ranks, self.peers = cfg, records, ranks, peers
+        self.starts, self.say, self.record = starts, say, record
+        self.last_progress = 0.0
+        self.first_train: tuple[float, int, int] | None = None  # time, step, start
 
-    def _finish(self, outcome: str, code: int) -> int:
-        cfg = self.cfg
+    def finish(self, outcome: str, code: int, standing: Standing, escalated: bool) -> int:
+        """Report the exit (``escalated``: the ranks were killed after a stop); the exit code."""
+        cfg, failure, starts = self.cfg, standing.failure, self.starts
         self.ranks.kill_all()
         self.ranks.wait_output()
-        if outcome == "failed" and self.failure:
-            self.say(cause_line(cfg.run_id, self.failure))
+        if outcome == "failed" and failure:
+            self.say(cause_line(cfg.run_id, failure))
         else:
             self.say(f"{outcome} (exit code {code})")
         exit_rec = {"host": cfg.host, "node_rank": cfg.node_rank, "attempt": cfg.attempt,
                     "exit_code": code, "outcome": outcome, "time": time.time()}  # fmt: skip
-        if self.failure:
-            exit_rec["failure"] = self.failure
-        if self.store_ok:
+        if failure:
+            exit_rec["failure"] = failure
+        if standing.store_ok:
             try:
                 self.peers.report_exit(exit_rec)
             except StoreLost:
-                self.store_ok = False
+                standing = replace(standing, store_ok=False)
         self.records.write_exit(exit_rec)
-        self._write_summary(outcome)
-        if self.peers.leads and self.store_ok:
-            self._wait_for_peers(outcome)
+        self._write_summary(outcome, standing, escalated)
+        if self.peers.leads and standing.store_ok:
+            self._wait_for_peers(outcome, failure)
         if self.peers.leads and cfg.program:
             self._write_program_summary(outcome, exit_rec)
         if self.peers.leads:
-            self.attempts[-1]["ended"] = exit_rec["time"]
-            self.records.write_attempts(self.attempts, self.restarts)
-            self._write_end(outcome)
+            starts.ended(exit_rec["time"])
+            self.records.write_attempts(starts.attempts, starts.restarts)
+            self._write_end(outcome, failure)
         # the last writes of a completed run (report.png) may take a while; a silent storage
         # gets one bound more
         bound = cfg.storage_timeout if self.records.storage_silent else 3 * cfg.storage_timeout
         if not self.records.flush(bound) or self.records.storage_silent:
-            self._storage_gone(exit_rec)
+            self._storage_gone(exit_rec, failure)
         return code if outcome != "stopped" else EXIT_STOPPED
 
-    def _storage_gone(self, exit_rec: dict) -> None:
+    def _storage_gone(self, exit_rec: dict, failure: Failure | None) -> None:
         """The shared storage did not answer a read or take this host's records: the host-local
         fallback's exit record names it as the cause (status.yml shows it, the storage gone)."""
         cfg = self.cfg
@@ -87,32 +87,33 @@ class Ending:
         )
         print(f"ddpfleet agent: {cfg.host}: {storage}", flush=True)
         what = (
-            cause_line(cfg.run_id, self.failure)
-            if self.failure
+            cause_line(cfg.run_id, failure)
+            if failure
             else f"run {cfg.run_id} {exit_rec['outcome']}"
         )
         self.records.write_local_exit({**exit_rec, "storage": storage,
                                        "cause": f"{storage}; {what}"})  # fmt: skip
 
-    def _write_end(self, outcome: str) -> None:
+    def _write_end(self, outcome: str, failure: Failure | None) -> None:
         """Node rank 0: the run's status word from every host's exit it heard of, the report of
         a completed run, then the final progress.json (what the follower waits for)."""
         cfg = self.cfg
         outcomes = {cfg.hosts[n]: rec.get("outcome") for n, rec in self.peers.exits.items()}
-        status = run_status(self.hosts, {**outcomes, cfg.host: outcome}, self.failure is not None)
+        hosts = self.starts.hosts
+        status = run_status(hosts, {**outcomes, cfg.host: outcome}, failure is not None)
         if status == "completed":
-            self.records.write_report(cfg.run_id, self.hosts, cfg.nproc, cfg.straggler_ratio)
+            self.records.write_report(cfg.run_id, hosts, cfg.nproc, cfg.straggler_ratio)
         record = self._progress_record(time.time(), "ended", status)
         self.records.write_progress(record, final=True)
 
-    def _write_summary(self, outcome: str) -> None:
-        cfg = self.cfg
-        if outcome == "failed" and self.failure:
+    def _write_summary(self, outcome: str, standing: Standing, escalated: bool = False) -> None:
+        cfg, failure = self.cfg, standing.failure
+        if outcome == "failed" and failure:
             if self.peers.leads:
                 self.records.write_failure(
-                    cfg.run_id, cfg.attempt, self.failure, cfg.log_tail_lines, self.diagnosis
+                    cfg.run_id, cfg.attempt, failure, cfg.log_tail_lines, standing.diagnosis
                 )
-            elif not self.store_ok:
+            elif not standing.store_ok:
                 # The store's host is gone or this host is cut off: write the cause only if
                 # node rank 0 did not (it may still be there and have seen better).
                 before = self.records.progress()
@@ -125,12 +126,12 @@ class Ending:
                 if self.records.storage_silent:
                     return  # the storage went with node rank 0's host: nothing can be written
                 if summary.get("attempt") != cfg.attempt or "failure" not in summary:
-                    self.records.write_failure(
-                        cfg.run_id, cfg.attempt, self.failure, cfg.log_tail_lines
+                    self.records.write_failure(cfg.run_id, cfg.attempt, failure, cfg.log_tail_lines)
+                    self.records.write_attempts(
+                        self.starts.attempts, self.starts.restarts, keep_part=True
                     )
-                    self.records.write_attempts(self.attempts, self.restarts, keep_part=True)
                 self._stand_in_for_rank0(before)
-        elif outcome == "stopped" and self.peers.leads and self.escalated:
+        elif outcome == "stopped" and self.peers.leads and escalated:
             self.records.write_stopped(cfg.attempt)
 
     def _stand_in_for_rank0(self, before: dict) -> None:
@@ -155,12 +156,16 @@ class Ending:
         hosts = {
             name: {
                 "exit_code": exits.get(node, {}).get("exit_code"),
-                "outcome": exits.get(node, {}).get("outcome", self._unheard(node)),
+                # a host without an exit record: left out of the run, or unknown
+                "outcome": exits.get(node, {}).get(
+                    "outcome", "no exit record" if node in self.peers.members else "left out"
+                ),
             }
             for node, name in enumerate(cfg.hosts)
         }
         started = self.ranks.started or time.time()
-        world = self.attempts[-1]["world_size"] if self.attempts else cfg.world_size
+        attempts = self.starts.attempts
+        world = attempts[-1]["world_size"] if attempts else cfg.world_size
         facts = {"program": cfg.program, "world_size": world, "hosts": hosts,
                  "started_at": started, "ended_at": mine["time"],
                  "wall_time_sec": round(mine["time"] - started, 1)}  # fmt: skip
@@ -168,7 +173,7 @@ class Ending:
             cfg.run_id, cfg.attempt, outcome, facts, cfg.log_tail_lines
         )
 
-    def _wait_for_peers(self, outcome: str) -> None:
+    def _wait_for_peers(self, outcome: str, failure: Failure | None) -> None:
         """Serve the store until every other agent reported its exit, up to peer_timeout. After
         a failure, hosts already silent (or named as gone by it) are not waited for; after a
         completed run every host is: a loaded host's agent can be seconds late, and skipping
@@ -176,12 +181,12 @@ class Ending:
         gone: set[int] = set()
         if outcome != "completed":
             gone.update(self.peers.silent(time.time(), self.cfg.settle))
-        if self.failure and self.failure.get("exit_code") is None:
-            gone.add(int(self.failure.get("node_rank", -1)))
+        if failure and failure.get("exit_code") is None:
+            gone.add(int(failure.get("node_rank", -1)))
         deadline = time.time() + self.cfg.peer_timeout
         while time.time() < deadline:
             try:
-                self.peers.exchange(self._record("exited"))
+                self.peers.exchange(self.record("exited"))
             except StoreLost:
                 return
             waiting = [n for n in self.peers.members if n != self.cfg.node_rank]
@@ -189,7 +194,7 @@ class Ending:
                 return
             time.sleep(self.cfg.tick)
 
-    def _progress(self, now: float) -> None:
+    def progress(self, now: float) -> None:
         """Node rank 0 keeps progress.json current (every PROGRESS_EVERY s)."""
         if not self.peers.leads or now - self.last_progress < PROGRESS_EVERY:
             return
@@ -203,9 +208,10 @@ class Ending:
         step, total = int(lead.get("step") or 0), int(lead.get("total_steps") or 0)
         eta = None
         if lead.get("phase") in ("train", "validate"):
-            if self.first_train is None:
-                self.first_train = (now, step)
-            t0, s0 = self.first_train
+            start = len(self.starts.attempts)  # counted from this start's first step seen
+            if self.first_train is None or self.first_train[2] != start:
+                self.first_train = (now, step, start)
+            t0, s0, _ = self.first_train
             if step > s0 and total:
                 eta = round((total - step) * (now - t0) / (step - s0), 1)
         hosts = {}
@@ -226,6 +232,6 @@ class Ending:
             "phase": lead.get("phase"), "loss": lead.get("loss"),
             "images_per_sec": lead.get("images_per_sec"), "eta_sec": eta, "hosts": hosts,
             "elapsed_sec": round(now - self.ranks.started, 1) if self.ranks.started else 0.0,
-            "program": cfg.program, "restarts": self.restarts,
-            "attempts": [dict(a) for a in self.attempts],
+            "program": cfg.program, "restarts": self.starts.restarts,
+            "attempts": [dict(a) for a in self.starts.attempts],
         }  # fmt: skip

@@ -1,7 +1,7 @@
 """Losing the host of the run's store (node rank 0's, or the host that took over since): another
 host takes over, with no controller.
 
-The ``FailingOver`` part of ``supervise.Agent``. With ``--addresses`` and a run that may shrink
+``FailOver`` does it for ``supervise.Agent``. With ``--addresses`` and a run that may shrink
 (``--min-hosts`` and ``--restarts``), the run has no host it cannot lose. When the agents lose
 the store (its host cut off, its container or machine gone), each ends its ranks; the
 lowest-ranked member left serves a new store on its own address (the same port), the others
@@ -20,36 +20,31 @@ fails, naming the lost host.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from ddpfleet_agent.machine import Standing
 from ddpfleet_agent.membership import StoreLost
 from ddpfleet_agent.ranks import KILL_WAIT
 from ddpfleet_agent.records import cause_line
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from ddpfleet_agent.cli import AgentConfig
     from ddpfleet_agent.failures import Failure
     from ddpfleet_agent.peers import Peers
     from ddpfleet_agent.ranks import LocalRanks
     from ddpfleet_agent.records import Records
+    from ddpfleet_agent.restarts import Starts
 
 
-class FailingOver:
-    cfg: AgentConfig
-    peers: Peers
-    ranks: LocalRanks
-    records: Records
-    failure: Failure | None
-    store_ok: bool
-    left_out: bool
-    causes: list[Failure]
-    restarts: int
-    say: Callable[[str], None]
-    _regroup_and_start: Callable[..., bool]
+class FailOver:
+    def __init__(self, cfg: AgentConfig, peers: Peers, ranks: LocalRanks, *, records: Records,
+                 starts: Starts, say: Callable[[str], None]) -> None:  # fmt: skip
+        self.cfg, self.peers, self.ranks, self.records = cfg, peers, ranks, records
+        self.starts, self.say = starts, say
 
-    def _moved_on(self) -> bool:
+    def moved_on(self) -> bool:
         """This agent starts in a run that went on under another host's store (its container
         started again after a failover): progress.json says this attempt runs, and another
         host's store names a later generation or another host than node rank 0."""
@@ -62,27 +57,19 @@ class FailingOver:
             return False
         return any(node or generation for node, generation in found.items())
 
-    def _store_lost(self, exc: Exception) -> Failure:
-        """The failure of losing the store: its host, gone when another may take over."""
-        node = self.peers.leader
-        reason = f"lost the connection to the run's store on {self.cfg.hosts[node]} ({exc})"
-        found = self._failure(node, None, None, reason, gone=self.cfg.can_fail_over)  # type: ignore[attr-defined]
-        return {**found, "store_lost": True}
-
-    def _failed_over(self) -> bool:
+    def failed_over(self, standing: Standing) -> tuple[bool, Standing]:
         """After the run's store was lost, where the machine lets the run go on (machine.py):
         under another host's store, the lowest-ranked member left (True); False when this host
         is left out (it looks for the run) or the run cannot go on (the failure says why)."""
-        cfg, peers, cause = self.cfg, self.peers, self.failure or {}
+        cfg, peers, cause = self.cfg, self.peers, standing.failure or {}
         lost = peers.leader
         left = [n for n in peers.members if n != lost]
         self.ranks.kill_all()
         self.ranks.wait_output()
-        self.causes.append(cause)
         generation, new = peers.generation + 1, left[0]
         self.say(
-            f"restart {self.restarts} of {cfg.restarts} without {cfg.hosts[lost]} from the newest "
-            f"checkpoint, the run's store now on {cfg.hosts[new]}, after: "
+            f"restart {self.starts.count(cause)} of {cfg.restarts} without {cfg.hosts[lost]} "
+            f"from the newest checkpoint, the run's store now on {cfg.hosts[new]}, after: "
             f"{cause_line(cfg.run_id, cause)}"
         )
         try:
@@ -92,12 +79,10 @@ class FailingOver:
                 peers.follow(new, cfg.peer_timeout + cfg.dump_timeout + KILL_WAIT, lost)
         except StoreLost as exc:
             self.say(f"{cfg.hosts[new]} does not serve the run's store ({exc})")
-            self.left_out = True  # it looks for the run as a host left out does
-            return False
-        self.store_ok = True
-        return self._regroup_and_start(generation, cause, [lost])
+            return False, replace(standing, left_out=True)  # it looks for the run as one left out
+        return self.starts.regroup(generation, replace(standing, store_ok=True), cause, [lost])
 
-    def _step_down(self, problem: Failure) -> None:
+    def step_down(self, problem: Failure, standing: Standing) -> Standing:
         """This host serves the store and every other fell silent at once: it is the one cut
         off, and the others go on under a new store's host. End the ranks, stop serving (no
         failure is claimed) and look for the run's store as a host left out does."""
@@ -105,4 +90,4 @@ class FailingOver:
         self.ranks.kill_all()
         self.ranks.wait_output()
         self.peers.step_down()
-        self.failure, self.store_ok, self.left_out = problem, False, True
+        return replace(standing, failure=problem, store_ok=False, left_out=True)

@@ -1,20 +1,22 @@
 """What an agent judges from what it sees: failures.py's rules applied to its ranks, its
 peers' views and keepalives, and the exit of its command.
 
-The ``Judging`` part of ``supervise.Agent``: a failure is made here (``_failure``, naming the
-host, rank and the step it had reached), claimed in the run's store (``_claim``: the first
-claim wins, so every host names the same cause), looked for while the command runs
-(``_check``) and named when it exits by itself (``_ended``).
+A failure is made here (``Judge.failure``, naming the host, rank and the step it had reached),
+claimed in the run's store (``claim``: the first claim wins, so every host names the same
+cause), looked for while the command runs (``Judge.check``) and named when it exits by itself
+(``Judge.ended``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ddpfleet_agent import failures
-from ddpfleet_agent.ending import EXIT_STOPPED
 from ddpfleet_agent.failures import Failure
+from ddpfleet_agent.machine import Standing
 from ddpfleet_agent.peers import StoreLost
 from ddpfleet_agent.ranks import rank_views
 
@@ -23,18 +25,23 @@ if TYPE_CHECKING:
     from ddpfleet_agent.peers import Peers
     from ddpfleet_agent.ranks import LocalRanks
 
+EXIT_STOPPED = 143  # the agent's exit code after a stop (SIGTERM's)
 
-class Judging:
-    cfg: AgentConfig
-    peers: Peers
-    ranks: LocalRanks
-    failure: Failure | None
-    store_ok: bool
-    stopping_since: float
-    attempts: list[dict]
-    # and, from supervise.Agent: _record(); from regrow.Regrowing: _regrow(), _rebalance()
 
-    def _failure(
+def claim(peers: Peers, standing: Standing, failure: Failure) -> Standing:
+    """``failure`` claimed in the run's store: the first claim's wins; unclaimed, the store
+    lost, where it does not answer."""
+    try:
+        return replace(standing, failure=peers.claim(failure))
+    except StoreLost:
+        return replace(standing, failure=failure, store_ok=False)
+
+
+class Judge:
+    def __init__(self, cfg: AgentConfig, peers: Peers, ranks: LocalRanks) -> None:
+        self.cfg, self.peers, self.ranks = cfg, peers, ranks
+
+    def failure(
         self,
         node: int,
         rank: int | None,
@@ -56,76 +63,70 @@ class Judging:
         return failures.failure(self.cfg.hosts, node, rank, code, reason, judge=self.cfg.host,
                                 step=step, restartable=ranks, gone=gone)  # fmt: skip
 
-    def _claim(self, failure: dict) -> dict:
-        try:
-            return self.peers.claim(failure)
-        except StoreLost:
-            self.store_ok = False
-            return failure
+    def store_lost(self, exc: Exception) -> Failure:
+        """The failure of losing the store: its host, gone when another may take over."""
+        node = self.peers.leader
+        reason = f"lost the connection to the run's store on {self.cfg.hosts[node]} ({exc})"
+        return {**self.failure(node, None, None, reason, gone=self.cfg.can_fail_over),
+                "store_lost": True}  # fmt: skip
 
-    def _ended(self, code: int) -> tuple[str, int]:
+    def ended(
+        self, code: int, standing: Standing, *, stopping: bool, record: Callable[[str], dict]
+    ) -> tuple[str, int, Standing]:
         """The command exited by itself: completed, stopped, or a failure to name."""
         if code == 0:
-            return "completed", 0
-        if self.stopping_since:
-            return "stopped", EXIT_STOPPED
+            return "completed", 0, standing
+        if stopping:
+            return "stopped", EXIT_STOPPED, standing
         self.ranks.wait_output()
         rank, rcode, reason = self.ranks.failed_rank(code)
-        mine = self._failure(self.cfg.node_rank, rank, rcode, reason, ranks=True)
+        mine = self.failure(self.cfg.node_rank, rank, rcode, reason, ranks=True)
         # A dead rank or host makes the others fail too: publish this exit, watch the peers'
         # for a moment, and name a host that went silent, else the first cause of all exits.
         deadline = time.time() + self.cfg.settle
         while time.time() < deadline:
             try:
-                failure, _ = self.peers.exchange({**self._record("exited"), "cause": mine})
+                failure, _ = self.peers.exchange({**record("exited"), "cause": mine})
             except StoreLost:
-                self.store_ok = False
+                standing = replace(standing, store_ok=False)
                 break
             if failure is not None:
-                self.failure = failure
-                return "failed", code
+                return "failed", code, replace(standing, failure=failure)
             time.sleep(self.cfg.tick / 2)
-        silent = self.peers.silent(time.time(), self.cfg.settle * 0.75) if self.store_ok else []
+        store_ok = standing.store_ok
+        silent = self.peers.silent(time.time(), self.cfg.settle * 0.75) if store_ok else []
         if silent:
-            node = silent[0]
-            mine = self._failure(
-                node,
-                None,
-                None,
-                "host stopped responding (its agent's keepalive ended: container or host gone)",
-                gone=True,
-            )
-        elif self.store_ok:
+            why = "host stopped responding (its agent's keepalive ended: container or host gone)"
+            mine = self.failure(silent[0], None, None, why, gone=True)
+        elif store_ok:
             cause = failures.first_cause([mine, *self.peers.exit_causes()])
             mine = {**cause, "claimed_by": self.cfg.host}
-        self.failure = self._claim(mine)
-        return "failed", code
+        return "failed", code, claim(self.peers, standing, mine)
 
-    def _check(self, now: float) -> Failure | None:
-        """A failure this agent sees while its command runs, or None (failures.py's rules).
-        The store's host that lost every other host at once is cut off, whatever its own ranks
-        do: where enough hosts are left the others go on without it (failover.py)."""
+    def check(self, now: float, started: float) -> Failure | None:
+        """A failure this agent sees while its command runs (``started`` then), or None
+        (failures.py's rules). The store's host that lost every other host at once is cut off,
+        whatever its own ranks do: where enough hosts are left the others go on without it
+        (failover.py)."""
         cfg = self.cfg
         members = len(self.peers.members)
         silent = self.peers.silent(now, cfg.peer_timeout)
         gone = failures.host_problem(silent, members, cfg.node_rank, cfg.peer_timeout)
         if gone is not None and gone[0] == cfg.node_rank and self._may_step_down(members):
-            return {**self._failure(gone[0], None, None, gone[1]), "cut_off": True}
+            return {**self.failure(gone[0], None, None, gone[1]), "cut_off": True}
         beats = rank_views(self.ranks.heartbeats(), now)
         frozen = failures.rank_problem(beats, cfg.heartbeat_timeout, cfg.stop_timeout)
         if frozen is not None:
-            return self._failure(cfg.node_rank, frozen[0], None, frozen[1], ranks=True)
+            return self.failure(cfg.node_rank, frozen[0], None, frozen[1], ranks=True)
         hang = failures.hang_cause(
             self.peers.views, cfg.hosts, cfg.heartbeat_timeout, judge=cfg.host
         )
         if hang is not None:
             return hang
         if gone is not None:
-            return self._failure(gone[0], None, None, gone[1], gone=gone[0] != cfg.node_rank)
-        late = failures.runtime_problem(self.attempts[0]["started"], now, cfg.max_runtime)
-        if late is not None:
-            return self._failure(cfg.node_rank, None, None, late)
-        return self._regrow(now) or self._rebalance(now)
+            return self.failure(gone[0], None, None, gone[1], gone=gone[0] != cfg.node_rank)
+        late = failures.runtime_problem(started, now, cfg.max_runtime)
+        return None if late is None else self.failure(cfg.node_rank, None, None, late)
 
     def _may_step_down(self, members: int) -> bool:
         """This host serves the store, and another may take over with enough hosts left."""

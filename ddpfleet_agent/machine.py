@@ -80,6 +80,19 @@ class Facts:
 
 
 @dataclass(frozen=True)
+class Standing:
+    """Where the run stands for this host, held by ``supervise.Agent`` alone: the adapters get
+    it and hand a new one back. ``failure``: the one claimed (or judged) for this generation;
+    ``diagnosis``: where its ranks were (bundle.py, node rank 0's); ``store_ok``: the run's store
+    answers; ``left_out``: not in the run's current generation."""
+
+    failure: failures.Failure | None = None
+    diagnosis: str | None = None
+    store_ok: bool = True
+    left_out: bool = False
+
+
+@dataclass(frozen=True)
 class Began:
     """The agent reached the run's store; ``again``: its agent was started again in the run
     (its container restarted: the run went on without it)."""

@@ -1,10 +1,11 @@
 """Taking a host back into a run that went on without it (``--min-hosts``), at a checkpoint;
 and new shares of the global batch for a host that became slow (``--rebalance``), the same way.
 
-The ``Regrowing`` part of ``supervise.Agent``. A host left out (cut off, or its agent judged
-gone) keeps its agent: its ranks are ended, and it tries the run's store every few seconds. A
-host whose agent was started again (its container restarted, or relaunched by a re-run of
-train.yml) does the same from its start: the store already has its keepalive.
+``Lead`` is node rank 0's watch for both, ``Regrow`` every member's way back. A host left out
+(cut off, or its agent judged gone) keeps its agent: its ranks are ended, and it tries the
+run's store every few seconds. A host whose agent was started again (its container restarted,
+or relaunched by a re-run of train.yml) does the same from its start: the store already has
+its keepalive.
 Once it reaches it, it asks to come back (``membership.ask_to_join``). Node rank 0's agent
 waits for the next checkpoint the ranks write (their heartbeat's ``saved`` step; not the one
 after the run's last step: the run is ending, the host is not taken back), then ends the
@@ -18,9 +19,12 @@ over), when the run directory says the run ended, at the run's max_runtime, or o
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ddpfleet_agent import failures, stragglers
+from ddpfleet_agent.machine import Standing
 from ddpfleet_agent.membership import StoreGone, StoreLost
 
 if TYPE_CHECKING:
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
     from ddpfleet_agent.peers import Peers
     from ddpfleet_agent.ranks import LocalRanks
     from ddpfleet_agent.records import Records
+    from ddpfleet_agent.restarts import Starts
 
 ASK_EVERY = 2.0  # seconds between a left-out host's tries of the store
 
@@ -39,25 +44,22 @@ def _host_times(ranks: list[list[dict]]) -> list[float]:
     return [max((float(r.get("sec_per_image") or 0) for r in rs), default=0.0) for rs in ranks]
 
 
-class Regrowing:
-    cfg: AgentConfig
-    peers: Peers
-    ranks: LocalRanks
-    records: Records
-    failure: Failure | None
-    store_ok: bool
-    signum: int
-    left_out: bool
-    attempts: list[dict]
-    # and, from supervise.Agent: say(), _claim(); from restarts.Restarting: _regroup_and_start()
+class Lead:
+    """Node rank 0's watch while the ranks run: hosts asking to come back, and stragglers."""
 
-    join_wait: tuple[list[int], float | None] | None = None  # asking hosts, the saved step then
-    join_checked = 0.0
-    watch = stragglers.Watch()  # node rank 0's straggler detector
-    rebalance_wait: tuple[dict, dict, float | None] | None = None  # weights, speeds, saved then
-    weights: dict[str, float] | None = None  # each host's weight of the global batch, if new
+    def __init__(self, cfg: AgentConfig, peers: Peers, say: Callable[[str], None]) -> None:
+        self.cfg, self.peers, self.say = cfg, peers, say
+        self.join_wait: tuple[list[int], float | None] | None = None  # asking, saved step then
+        self.join_checked = 0.0
+        self.watch = stragglers.Watch()  # the straggler detector
+        self.rebalance_wait: tuple[dict, dict, float | None] | None = None  # weights, speeds,
+        # and the saved step when it decided
 
-    def _regrow(self, now: float) -> Failure | None:
+    def restarted(self) -> None:
+        """A new start of the ranks: the detector counts its intervals only."""
+        self.watch, self.rebalance_wait = self.watch.restarted(), None
+
+    def regrow(self, now: float) -> Failure | None:
         """Node rank 0, while the ranks run: end the generation at the first checkpoint after a
         host left out asked to come back (a claimed failure marked ``regrow``), else None."""
         cfg, peers = self.cfg, self.peers
@@ -89,10 +91,11 @@ class Regrowing:
         found = failures.failure(cfg.hosts, asking[0], None, None, reason, judge=cfg.host)
         return {**found, "regrow": asking}
 
-    def _rebalance(self, now: float) -> Failure | None:
+    def rebalance(self, now: float, weights: dict[str, float] | None) -> Failure | None:
         """Node rank 0, while the ranks run: once a host's share no longer fits its speed
         (stragglers.observe), end the generation at the next checkpoint with new shares (a
-        claimed failure marked ``rebalance``: each host's weight), else None."""
+        claimed failure marked ``rebalance``: each host's weight, over ``weights``, the shares
+        now), else None."""
         cfg, members = self.cfg, self.peers.members
         ranks = [self.peers.views.get(n, {}).get("ranks") or [] for n in members]
         if not self.peers.leads or cfg.rebalance != "auto" or not all(ranks):
@@ -106,8 +109,7 @@ class Regrowing:
             if middle is not None:
                 named = {cfg.hosts[n]: t for n, t in zip(members, middle, strict=True)}
                 speed = stragglers.weights(named)
-                weights = {**(self.weights or {}), **speed}
-                self.rebalance_wait = (weights, speed, saved)
+                self.rebalance_wait = ({**(weights or {}), **speed}, speed, saved)
                 said = ", ".join(f"{h} {s:.2f}x" for h, s in speed.items())
                 self.say(f"hosts' speeds {said}: new shares at the run's next checkpoint")
             return None
@@ -122,7 +124,7 @@ class Regrowing:
         found = failures.failure(cfg.hosts, slowest, None, None, reason, judge=cfg.host)
         return {**found, "rebalance": weights, "speeds": speed}
 
-    def _speed(self) -> float | None:
+    def speed(self) -> float | None:
         """This host's speed relative to the median member's (the metrics), None unknown."""
         members, views = list(self.peers.members), self.peers.views
         times = _host_times([views.get(n, {}).get("ranks") or [] for n in members])
@@ -130,26 +132,38 @@ class Regrowing:
             return None
         return round(stragglers.speeds(times)[members.index(self.cfg.node_rank)], 3)
 
-    def _regrown(self, cause: Failure) -> bool:
+
+class Regrow:
+    """Every member's way back: restarting with hosts taken back or new shares, and asking to
+    come back once left out. ``stopped``: a stop came (SIGTERM, SIGINT)."""
+
+    def __init__(self, cfg: AgentConfig, peers: Peers, ranks: LocalRanks, *, records: Records,
+                 starts: Starts, say: Callable[[str], None],
+                 stopped: Callable[[], bool]) -> None:  # fmt: skip
+        self.cfg, self.peers, self.ranks, self.records = cfg, peers, ranks, records
+        self.starts, self.say, self.stopped = starts, say, stopped
+
+    def regrown(self, standing: Standing) -> tuple[bool, Standing]:
         """Every member, once node rank 0 ended the generation to take hosts back or to give
         the hosts new shares: restart from the newest checkpoint with them."""
+        cause = standing.failure or {}
         self.ranks.kill_all()
         self.ranks.wait_output()
         joining = [int(n) for n in cause.get("regrow") or []]
+        weights = self.starts.weights
         if cause.get("rebalance"):
-            self.weights = {str(h): float(w) for h, w in cause["rebalance"].items()}
-        generation = len(self.attempts)
+            weights = {str(h): float(w) for h, w in cause["rebalance"].items()}
+        generation = len(self.starts.attempts)
         back = " with every host back" if joining else ""
         self.say(f"{cause.get('reason')}: restart from the newest checkpoint{back}")
         if self.peers.leads:
             try:
-                self.peers.welcome(generation, joining, self.weights)
+                self.peers.welcome(generation, joining, weights)
             except StoreLost:
-                self.store_ok = False
-                return False
-        return self._regroup_and_start(generation, cause, [], joining)
+                return False, replace(standing, store_ok=False)
+        return self.starts.regroup(generation, standing, cause, [], joining, weights)
 
-    def _rejoined(self, again: bool = False) -> bool:
+    def rejoined(self, standing: Standing, again: bool = False) -> tuple[bool, Standing]:
         """A host cut off or left out (not node rank 0), or whose agent was started ``again``
         in the run (its container restarted: ``Peers.ran_before``): ask to come back until node
         rank 0 lets it in, and start with the others (True); False when the run ends first or
@@ -162,21 +176,22 @@ class Regrowing:
         )
         said = self._welcome_back(again)
         if said is None:
-            return False
+            return False, standing
         self.peers.members = list(said["nodes"])
-        self.weights = said.get("weights") or self.weights  # the run's shares, if new ones
-        self.store_ok, self.left_out = True, False
         self.records.storage_silent = False  # back on the network: its storage may be too
         self.say(f"back in the run at its generation {said['generation']}")
-        return self._regroup_and_start(said["generation"], None, [])
+        back = replace(standing, store_ok=True, left_out=False)  # the run's shares, if new ones:
+        return self.starts.regroup(said["generation"], back, None, [], None, said.get("weights"))
 
     def _welcome_back(self, again: bool = False) -> dict | None:
         """Try the store every ASK_EVERY s and ask to come back: node rank 0's answer, or None
         when the run ended first (or a stop, or the run's max_runtime)."""
         cfg = self.cfg
-        started = self.attempts[0]["started"] if self.attempts else time.time()
+        started = self.starts.began() or time.time()
         connected = False
-        while not self.signum and not (cfg.max_runtime and time.time() > started + cfg.max_runtime):
+        while not self.stopped() and not (
+            cfg.max_runtime and time.time() > started + cfg.max_runtime
+        ):
             try:
                 if not connected and self.peers.reconnect():
                     connected = True

@@ -1,6 +1,6 @@
 """Restarting a failed run in place (``--restarts N``), with no controller.
 
-The ``Restarting`` half of ``supervise.Agent``. When the run fails and ``failures.
+``Starts`` keeps this host's starts of the command. When the run fails and ``failures.
 restart_refusal`` allows it (a rank's failure on a host still there, restarts left, not the
 same rank at the same step as before the last restart), every agent decides the same from the
 failure claimed in the store: it kills its ranks, says it is ready in the store's next
@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddpfleet_agent import failures, stragglers
+from ddpfleet_agent.judging import claim
+from ddpfleet_agent.machine import Standing
 from ddpfleet_agent.peers import StoreLost
 from ddpfleet_agent.ranks import KILL_WAIT
 from ddpfleet_agent.records import cause_line
@@ -56,27 +60,23 @@ def regrouped(
 if TYPE_CHECKING:
     from ddpfleet_agent.cli import AgentConfig
     from ddpfleet_agent.failures import Failure
+    from ddpfleet_agent.judging import Judge
     from ddpfleet_agent.peers import Peers
     from ddpfleet_agent.ranks import LocalRanks
 
 
-class Restarting:
-    cfg: AgentConfig
-    peers: Peers
-    ranks: LocalRanks
-    failure: Failure | None
-    diagnosis: str | None
-    first_train: tuple[float, int] | None
-    store_ok: bool
-    child_env: dict[str, str]
-    # and, from supervise.Agent: say(), _failure(), _claim()
+class Starts:
+    """This host's starts of the command: the run's ``attempts`` (an entry per start), the
+    failures it was restarted after (``causes``) and each host's weight of the global batch
+    after a rebalance (``weights``, None: even shares)."""
 
-    causes: list[Failure]  # the failures the run was restarted after, in order
-    attempts: list[dict]
-    left_out: bool  # this host learned it is not in the run's current generation
-    weights: dict[str, float] | None  # from regrow.Regrowing: the shares after a rebalance
-    watch: stragglers.Watch
-    rebalance_wait: tuple | None
+    def __init__(self, cfg: AgentConfig, peers: Peers, ranks: LocalRanks, *, judge: Judge,
+                 env: dict[str, str], say: Callable[[str], None]) -> None:  # fmt: skip
+        self.cfg, self.peers, self.ranks, self.judge, self.env = cfg, peers, ranks, judge, env
+        self.say = say
+        self.causes: list[Failure] = []
+        self.attempts: list[dict] = []
+        self.weights: dict[str, float] | None = None
 
     @property
     def restarts(self) -> int:
@@ -93,10 +93,23 @@ class Restarting:
         """The hosts of this start, in its node-rank order."""
         return [self.cfg.hosts[n] for n in self.peers.members]
 
-    def _start_ranks(self, cause: Failure | None = None) -> None:
+    def began(self) -> float | None:
+        """When the run's first start began (None: not yet)."""
+        return self.attempts[0]["started"] if self.attempts else None
+
+    def count(self, cause: Failure) -> int:
+        """Count a restart after ``cause``: the restarts so far, this one included."""
+        self.causes.append(cause)
+        return self.restarts
+
+    def ended(self, at: float) -> None:
+        """The current start ended ``at`` (its entry's end, as the attempts are written)."""
+        self.attempts[-1]["ended"] = at
+
+    def start(self, cause: Failure | None = None) -> None:
         """Start the command (again: on the hosts still members, renumbered) and open its
         entry in the attempts list."""
-        cfg, env, members = self.cfg, self.child_env, self.peers.members
+        cfg, env, members = self.cfg, self.env, self.peers.members
         if self.peers.generation:  # the trainer then resumes from the newest checkpoint
             env[RESTART_ENV] = str(self.peers.generation)
         world = cfg.nproc * len(members) if cfg.world_size else None
@@ -113,7 +126,6 @@ class Restarting:
         if self.weights:  # new shares (regrow.py): a weight per global rank of the first world
             env[WEIGHTS_ENV] = ",".join(f"{self.weights.get(h, 1.0):g}" for h in cfg.hosts
                                         for _ in range(cfg.nproc))  # fmt: skip
-        self.watch, self.rebalance_wait = self.watch.restarted(), None
         self.ranks.start(env)
         why = None if cause is None else cause_line(cfg.run_id, cause)
         if cause and cause.get("regrow"):  # the step: once the ranks say it (_track)
@@ -129,7 +141,7 @@ class Restarting:
         if cause and cause.get("rebalance"):  # its line once the new shares are known
             self.attempts[-1].update(cause="rebalanced", speeds=cause.get("speeds"))
 
-    def _track(self, now: float) -> None:
+    def track(self, now: float) -> None:
         """The current start's steps (node rank 0's first rank), and its heal time: from the
         failure to the first step past the one it resumed from."""
         lead = (self.peers.views.get(self.peers.members[0], {}).get("ranks") or [None])[0]
@@ -169,68 +181,63 @@ class Restarting:
         shares, nproc = entry.get("shares") or [], self.cfg.nproc
         return {h: sum(shares[i * nproc : (i + 1) * nproc]) for i, h in enumerate(entry["hosts"])}
 
-    def _unheard(self, node: int) -> str:
-        """The outcome of a host without an exit record: left out of the run, or unknown."""
-        return "no exit record" if node in self.peers.members else "left out"
-
-    def _restarted(self) -> bool:
+    def restarted(self, standing: Standing) -> tuple[bool, Standing]:
         """After the run failed and the machine restarts it (machine.py: ``failures.
         restart_refusal`` allowed it): in place or without a host that is gone; True when this
         host's ranks run again."""
-        cause, cfg = self.failure or {}, self.cfg
+        cause, cfg = standing.failure or {}, self.cfg
         self.ranks.kill_all()
         self.ranks.wait_output()
-        self.causes.append(cause)
         without = f" without {cause.get('host')}" if cause.get("gone") else " in place"
         self.say(
-            f"restart {self.restarts} of {cfg.restarts}{without} from the newest checkpoint "
+            f"restart {self.count(cause)} of {cfg.restarts}{without} from the newest checkpoint "
             f"after: {cause_line(cfg.run_id, cause)}"
         )
         left_out = [int(cause.get("node_rank", -1))] if cause.get("gone") else []
-        return self._regroup_and_start(len(self.attempts), cause, left_out)
+        return self.regroup(len(self.attempts), standing, cause, left_out)
 
-    def _regroup_and_start(
+    def regroup(  # noqa: PLR0917 - the generation and who is in and out of it
         self,
         generation: int,
+        standing: Standing,
         cause: Failure | None,
         left_out: list[int],
         joining: list[int] | None = None,
-    ) -> bool:
+        weights: dict[str, float] | None = None,
+    ) -> tuple[bool, Standing]:
         """Regroup the hosts for ``generation`` (membership.py) and start this host's ranks in
-        it (True); False when this host is not in it or the run cannot go on (the failure
-        says why). The store's host that no other host came to, in a run where another may
-        take over, is the one cut off: it steps down (failover.py), left out, claiming
-        nothing."""
+        it (True), with new ``weights`` if any; False when this host is not in it or the run
+        cannot go on (the failure says why). The store's host that no other host came to, in a
+        run where another may take over, is the one cut off: it steps down (failover.py), left
+        out, claiming nothing."""
         cfg = self.cfg
         try:
             # the others may still be taking their forensics bundle and killing their ranks
             within = cfg.peer_timeout + cfg.dump_timeout + KILL_WAIT
             said = self.peers.regroup(generation, within, left_out, joining)
         except StoreLost as exc:
-            self.store_ok = False
             why = f"lost the run's store at a restart ({exc})"
-            self.failure = self._failure(0, None, None, why)
-            return False
+            return False, replace(standing, store_ok=False,
+                                  failure=self.judge.failure(0, None, None, why))  # fmt: skip
         if cfg.node_rank not in said["nodes"]:
             self.say("left out of the restarted run: its other hosts went on without this one")
-            self.left_out = True
-            return False
+            return False, replace(standing, left_out=True)
         missing = said["missing"]
         if missing and cfg.can_fail_over and said["nodes"] == [cfg.node_rank]:
             self.say("no other host came to restart: it is the one cut off and stops serving "
                      "the store")  # fmt: skip
             self.peers.step_down()
-            self.store_ok, self.left_out = False, True
-            return False
+            return False, replace(standing, store_ok=False, left_out=True)
         if missing and (not cfg.min_hosts or failures.too_few(len(said["nodes"]), cfg.min_hosts)):
-            gone = self._failure(missing[0], None, None, "its agent did not come back to restart")
-            self.failure = self._claim(gone)
-            return False
-        self.failure, self.diagnosis, self.first_train = None, None, None
+            why = "its agent did not come back to restart"
+            return False, claim(
+                self.peers, standing, self.judge.failure(missing[0], None, None, why)
+            )
         for old in self.ranks.heartbeat_dir.glob("rank-*.json"):  # the last start's beats
             with contextlib.suppress(OSError):
                 old.unlink()
         if self.attempts:
             self.attempts[-1]["ended"] = time.time()
-        self._start_ranks(cause)
-        return True
+        self.weights = weights or self.weights
+        self.start(cause)
+        return True, replace(standing, failure=None, diagnosis=None)

@@ -8,47 +8,64 @@ import signal
 import tempfile
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
 from ddpfleet_agent import bundle, failures
 from ddpfleet_agent.cli import AgentConfig
 from ddpfleet_agent.ending import Ending
-from ddpfleet_agent.failover import FailingOver
+from ddpfleet_agent.failover import FailOver
 from ddpfleet_agent.failures import Failure
-from ddpfleet_agent.judging import Judging
-from ddpfleet_agent.machine import Action, Began, Do, Ended, Facts, Reported, State, transition
+from ddpfleet_agent.judging import Judge, claim
+from ddpfleet_agent.machine import (
+    Action,
+    Began,
+    Do,
+    Ended,
+    Facts,
+    Reported,
+    Standing,
+    State,
+    transition,
+)
 from ddpfleet_agent.peers import Peers, StoreLost
 from ddpfleet_agent.ranks import LocalRanks, rank_views
 from ddpfleet_agent.records import Records
-from ddpfleet_agent.regrow import Regrowing
-from ddpfleet_agent.restarts import Restarting
+from ddpfleet_agent.regrow import Lead, Regrow
+from ddpfleet_agent.restarts import Starts
 
 
 def _stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-class Agent(Ending, Judging, Restarting, Regrowing, FailingOver):
+class Agent:
+    """Runs machine.py's transitions and carries each action out through its parts, which it
+    builds with what each needs: it alone holds the run's ``standing`` (machine.Standing), which
+    the parts get and hand back, and its signals."""
+
     def __init__(self, cfg: AgentConfig, child_env: dict[str, str] | None = None):
         self.cfg = cfg
-        self.child_env = dict(os.environ) if child_env is None else child_env
+        env = dict(os.environ) if child_env is None else child_env
         self.records = Records(cfg.run_dir, cfg.host, cfg.fallback_dir, cfg.storage_timeout)
         hb_dir = Path(tempfile.mkdtemp(prefix="ddpfleet-heartbeat-"))
         self.ranks = LocalRanks(cfg.command, hb_dir, self.records.log)
-        self.peers = Peers(cfg, self.say)
+        self.peers = peers = Peers(cfg, self.say)
+        self.judge = Judge(cfg, peers, self.ranks)
+        ranks, records, say = self.ranks, self.records, self.say
+        self.starts = starts = Starts(cfg, peers, ranks, judge=self.judge, env=env, say=say)
+        self.lead = Lead(cfg, peers, say)
+        self.failover = FailOver(cfg, peers, ranks, records=records, starts=starts, say=say)
+        self.regrow = Regrow(cfg, peers, ranks, records=records, starts=starts, say=say,
+                             stopped=lambda: bool(self.signum))  # fmt: skip
+        self.ending = Ending(cfg, peers, ranks, records=records, starts=starts, say=say,
+                             record=self._record)  # fmt: skip
+        self.standing = Standing()
         self.signum = 0
         self.stopping_since = 0.0
         self.escalated = False
-        self.failure: dict | None = None
-        self.diagnosis: str | None = None  # where the ranks were (bundle.py), node rank 0's
-        self.store_ok = True
-        self.last_progress = 0.0
-        self.first_train: tuple[float, int] | None = None
         self.beats: dict[int, dict] = {}  # the ranks' heartbeats as last read (the metrics)
-        self.causes: list[Failure] = []  # the failures the run was restarted after
-        self.attempts: list[dict] = []  # each start of the command (restarts.py)
-        self.left_out = False  # not in the run's current generation (regrow.py)
 
     # --- small helpers ----------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -78,10 +95,11 @@ class Agent(Ending, Judging, Restarting, Regrowing, FailingOver):
         for line in traceback.format_exc().rstrip().splitlines():
             self.say(line)
         reason = f"its ddpfleet agent failed ({type(exc).__name__}: {exc})"
-        self.failure = self._failure(self.cfg.node_rank, None, None, reason[:500])
+        failure = self.judge.failure(self.cfg.node_rank, None, None, reason[:500])
+        self.standing = replace(self.standing, failure=failure)
         try:
-            if self.store_ok:
-                self.failure = self._claim(self.failure)
+            if self.standing.store_ok:
+                self.standing = claim(self.peers, self.standing, failure)
             return self._finish("failed", 1)
         except Exception:  # the ranks must not outlive the agent either way
             self.ranks.kill_all()
@@ -98,17 +116,12 @@ class Agent(Ending, Judging, Restarting, Regrowing, FailingOver):
         )
         try:
             self.peers.read_key()
-            moved_on = cfg.can_fail_over and self._moved_on()
+            moved_on = cfg.can_fail_over and self.failover.moved_on()
             if not moved_on:
                 self.peers.connect()
         except StoreLost as exc:
-            self.failure = self._failure(
-                0,
-                None,
-                None,
-                f"cannot reach the run's store at {cfg.store_host}:{cfg.store_port} ({exc})",
-            )
-            self.store_ok = False
+            why = f"cannot reach the run's store at {cfg.store_host}:{cfg.store_port} ({exc})"
+            self.standing = Standing(self.judge.failure(0, None, None, why), store_ok=False)
             return self._finish("failed", 1)
         if cfg.metrics_port and (why := self._serve_metrics()):
             self.say(why)  # the run goes on without its metrics
@@ -126,36 +139,46 @@ class Agent(Ending, Judging, Restarting, Regrowing, FailingOver):
                 regrouped = self._carry_out(do)
             if state is State.RUNNING:
                 outcome, code = self._supervise()
-                event = Ended(self._facts(outcome), self.failure)
+                event = Ended(self._facts(outcome), self.standing.failure)
             else:
                 event = Reported(self._facts(event.facts.outcome), regrouped)
 
     def _facts(self, outcome: str) -> Facts:
         """What the machine decides from: this agent's signals, store, config and restarts."""
         cfg = self.cfg
-        return Facts(outcome=outcome, signalled=bool(self.signum), store_ok=self.store_ok,
-                     left_out=self.left_out, node_rank=cfg.node_rank,
+        now = self.standing
+        return Facts(outcome=outcome, signalled=bool(self.signum), store_ok=now.store_ok,
+                     left_out=now.left_out, node_rank=cfg.node_rank,
                      can_fail_over=cfg.can_fail_over, takes_hosts_back=cfg.takes_hosts_back,
-                     restarts=cfg.restarts, earlier=tuple(self.causes),
+                     restarts=cfg.restarts, earlier=tuple(self.starts.causes),
                      members=len(self.peers.members), min_hosts=cfg.min_hosts)  # fmt: skip
 
     def _carry_out(self, do: Do) -> bool:
         """One of the machine's actions, by its adapter: True when this host's ranks run (again)."""
+        now = self.standing
         if do.action is Action.REFUSE:  # why the failed run was not restarted
-            cause = self.failure or {}
-            self.failure = {**cause, "reason": f"{cause.get('reason')}; {do.text}"}
+            cause = now.failure or {}
+            self.standing = replace(
+                now, failure={**cause, "reason": f"{cause.get('reason')}; {do.text}"}
+            )
         elif do.action is Action.LEAVE:  # not in the run's generation until it is let back
-            self.left_out = True
+            self.standing = replace(now, left_out=True)
         elif do.action is Action.CLAIM:
-            self.failure = self._claim(self._failure(self.cfg.node_rank, None, None, do.text))
+            mine = self.judge.failure(self.cfg.node_rank, None, None, do.text)
+            self.standing = claim(self.peers, now, mine)
         elif do.action is Action.START:
-            self._start_ranks()
+            self.starts.start()
+            self.lead.restarted()
             return True
         else:
-            heal = {Action.FAIL_OVER: self._failed_over, Action.RESTART: self._restarted,
-                    Action.REGROW: lambda: self._regrown(self.failure or {}),
-                    Action.REJOIN: lambda: self._rejoined(again=do.text == "again")}  # fmt: skip
-            return heal[do.action]()
+            again = do.text == "again"
+            heal = {Action.FAIL_OVER: self.failover.failed_over,
+                    Action.RESTART: self.starts.restarted, Action.REGROW: self.regrow.regrown,
+                    Action.REJOIN: lambda now: self.regrow.rejoined(now, again)}  # fmt: skip
+            started, self.standing = heal[do.action](now)
+            if started:
+                self.lead.restarted()
+            return started
         return False
 
     def _serve_metrics(self) -> str:
@@ -164,9 +187,11 @@ class Agent(Ending, Judging, Restarting, Regrowing, FailingOver):
             from ddpfleet_agent import exporter  # noqa: PLC0415
         except ImportError as exc:
             return f"no metrics endpoint: {exc}"
-        return exporter.serve(
-            self.cfg, lambda: (self.restarts, self.ranks.started, self.beats, self._speed())
-        )
+        return exporter.serve(self.cfg, lambda: (self.starts.restarts, self.ranks.started,
+                                                 self.beats, self.lead.speed()))  # fmt: skip
+
+    def _finish(self, outcome: str, code: int) -> int:
+        return self.ending.finish(outcome, code, self.standing, self.escalated)
 
     def _supervise(self) -> tuple[str, int]:
         cfg = self.cfg
@@ -178,29 +203,29 @@ class Agent(Ending, Judging, Restarting, Regrowing, FailingOver):
                     self._record("exited" if code is not None else "running")
                 )
             except StoreLost as exc:
-                self.store_ok = False
+                self.standing = replace(self.standing, store_ok=False)
                 if code == 0:
                     return "completed", 0
-                self.failure = self._store_lost(exc)
-                self._end_ranks(self.failure)
+                self._end_ranks(replace(self.standing, failure=self.judge.store_lost(exc)))
                 return "failed", 1
             if failure is not None:
-                self.failure = failure
-                self._end_ranks(failure)
+                self._end_ranks(replace(self.standing, failure=failure))
                 return ("completed", 0) if code == 0 else ("failed", code if code else 1)
             if (self.signum or stop) and not self.stopping_since:
                 self._begin_stop(stop)
             if code is not None:
-                return self._ended(code)
-            self._track(now)
-            self._progress(now)
+                outcome, code, self.standing = self.judge.ended(
+                    code, self.standing, stopping=bool(self.stopping_since), record=self._record
+                )
+                return outcome, code
+            self.starts.track(now)
+            self.ending.progress(now)
             problem = self._check(now)
             if problem is not None and problem.get("cut_off"):  # judging._may_step_down
-                self._step_down(problem)
+                self.standing = self.failover.step_down(problem, self.standing)
                 return "failed", 1
             if problem is not None:
-                self.failure = self._claim(problem)
-                self._end_ranks(self.failure)
+                self._end_ranks(claim(self.peers, self.standing, problem))
                 return "failed", self.ranks.poll() or 1
             late = self.stopping_since and now - self.stopping_since > cfg.stop_timeout
             if late and not self.escalated:
@@ -209,13 +234,23 @@ class Agent(Ending, Judging, Restarting, Regrowing, FailingOver):
                 self.ranks.kill_all()
             time.sleep(cfg.tick)
 
-    def _end_ranks(self, failure: dict) -> None:
+    def _check(self, now: float) -> Failure | None:
+        """A failure seen while the ranks run, or node rank 0's end of a generation to take
+        hosts back or give new shares (regrow.py), or None."""
+        started = self.starts.attempts[0]["started"]
+        return (self.judge.check(now, started) or self.lead.regrow(now)
+                or self.lead.rebalance(now, self.starts.weights))  # fmt: skip
+
+    def _end_ranks(self, standing: Standing) -> None:
         """Kill the ranks of a failed run, after the forensics bundle of those still running."""
+        failure = standing.failure or {}
         if self.ranks.poll() is None and not failures.planned(failure):  # nothing failed
-            self.diagnosis, self.store_ok = bundle.take(
+            diagnosis, store_ok = bundle.take(
                 self.cfg, self.peers, self.ranks, self.records, failure, say=self.say,
-                running=lambda: self._record("running"), label=self.label,
-                store_ok=self.store_ok)  # fmt: skip
+                running=lambda: self._record("running"), label=self.starts.label,
+                store_ok=standing.store_ok)  # fmt: skip
+            standing = replace(standing, diagnosis=diagnosis, store_ok=store_ok)
+        self.standing = standing
         self.ranks.kill_all()
 
     def _begin_stop(self, stop: dict | None) -> None:
@@ -224,7 +259,7 @@ class Agent(Ending, Judging, Restarting, Regrowing, FailingOver):
             try:
                 self.peers.request_stop(self.cfg.host)
             except StoreLost:
-                self.store_ok = False
+                self.standing = replace(self.standing, store_ok=False)
         by = (stop or {}).get("by", self.cfg.host)
         pids = self.ranks.signal_ranks(signal.SIGTERM)
         self.say(f"stop requested by {by}: SIGTERM to ranks {pids}")

@@ -371,10 +371,10 @@ def test_a_host_that_lost_the_store_stands_in_for_node_rank_0_only_when_it_is_go
     path.write_text(
         json.dumps({"attempt": "a1", "state": "running", "status": "running", "step": 7})
     )
-    agent._stand_in_for_rank0({"attempt": "a1", "state": "running", "step": 6})
+    agent.ending._stand_in_for_rank0({"attempt": "a1", "state": "running", "step": 6})
     assert agent.records.flush(5)
     assert json.loads(path.read_text())["status"] == "running"
-    agent._stand_in_for_rank0(json.loads(path.read_text()))
+    agent.ending._stand_in_for_rank0(json.loads(path.read_text()))
     assert agent.records.flush(5)
     rec = json.loads(path.read_text())
     assert (rec["state"], rec["status"], rec["step"], rec["attempt"]) == (

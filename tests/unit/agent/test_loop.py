@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import tempfile
+from dataclasses import replace
 
 import pytest
 
@@ -42,25 +43,30 @@ def scripted(tmp_path, monkeypatch):
         calls: list[tuple] = []
         script = list(generations)
 
+        def call(what, started, standing):  # an adapter's answer, recorded
+            calls.append(what)
+            return started, standing
+
         def supervise():
-            agent.failure, agent.store_ok = script.pop(0)
+            failure, store_ok = script.pop(0)
+            agent.standing = replace(agent.standing, failure=failure, store_ok=store_ok)
             calls.append(("supervise",))
             return "failed", 1
 
-        def restarted():  # as restarts.Restarting._restarted does, less the ranks and the store
-            agent.causes.append(agent.failure)
+        def restarted(standing):  # as restarts.Starts.restarted does, less the ranks and store
+            agent.starts.count(standing.failure)
             calls.append(("restart",))
-            return True
+            return True, standing
 
         agent.peers.read_key = agent.peers.connect = lambda: None
         agent.peers.ran_before = lambda: again
         agent.peers.claim = lambda failure: calls.append(("claim", failure)) or failure
-        agent._moved_on = lambda: False
-        agent._start_ranks = lambda: calls.append(("start",))
+        agent.failover.moved_on = lambda: False
+        agent.starts.start = lambda: calls.append(("start",))
         agent._supervise = supervise
-        agent._restarted = restarted
-        agent._failed_over = lambda: calls.append(("fail over",)) or True
-        agent._rejoined = lambda again=False: calls.append(("rejoin", again)) or False
+        agent.starts.restarted = restarted
+        agent.failover.failed_over = lambda standing: call(("fail over",), True, standing)
+        agent.regrow.rejoined = lambda standing, again: call(("rejoin", again), False, standing)
         agent._finish = lambda outcome, code: calls.append(("finish", outcome, code)) or code
         return agent, calls
 
@@ -77,8 +83,8 @@ def test_the_same_rank_failing_at_the_same_step_is_restarted_once_then_refused(s
     assert agent._run() == 1
     assert calls == [("start",), ("supervise",), ("restart",), ("supervise",),
                      ("finish", "failed", 1)]  # fmt: skip
-    assert agent.restarts == 1
-    assert agent.failure["reason"] == (
+    assert agent.starts.restarts == 1
+    assert agent.standing.failure["reason"] == (
         "rank 1 exited with code 1; not restarted: rank 1 failed again at step 4 "
         "(a deterministic error)"
     )
@@ -89,7 +95,7 @@ def test_a_failure_at_another_step_is_restarted_until_the_restarts_are_used(scri
     agent, calls = scripted(1, "--restarts", "1", generations=[(EXIT, True), (later, True)])
     assert agent._run() == 1
     assert [c[0] for c in calls] == ["start", "supervise", "restart", "supervise", "finish"]
-    assert agent.failure["reason"].endswith("; not restarted: all 1 restart(s) used")
+    assert agent.standing.failure["reason"].endswith("; not restarted: all 1 restart(s) used")
 
 
 def test_an_agent_started_again_in_a_run_that_takes_no_host_back_claims_why_and_starts_none(
@@ -105,7 +111,7 @@ def test_an_agent_started_again_in_a_run_that_takes_no_host_back_claims_why_and_
     assert claim == "claim"
     assert (claimed["host"], claimed["node_rank"], claimed["reason"]) == ("h2", 2, NOT_BACK)
     assert finish == ("finish", "failed", 1)
-    assert agent.failure == claimed
+    assert agent.standing.failure == claimed
 
 
 def test_an_agent_started_again_in_a_run_that_takes_hosts_back_asks_to_come_back(scripted):
@@ -114,7 +120,7 @@ def test_an_agent_started_again_in_a_run_that_takes_hosts_back_asks_to_come_back
     agent, calls = scripted(2, "--restarts", "1", "--min-hosts", "2", again=True)
     assert agent._run() == 1
     assert calls == [("rejoin", True), ("finish", "left out", 1)]
-    assert agent.left_out
+    assert agent.standing.left_out
 
 
 SHRINKS = ["--restarts", "2", "--world-size", "3", "--addresses", "127.0.0.1,127.0.0.2,127.0.0.3"]
@@ -136,5 +142,5 @@ def test_the_store_s_host_lost_fails_over_only_with_enough_hosts_left(
     assert agent._run() == 1
     assert [c[0] for c in calls] == expected
     if refusal:
-        assert agent.failure["reason"] == f"{STORE_LOST['reason']}; {refusal}"
-        assert agent.failure["host"] == "h0"
+        assert agent.standing.failure["reason"] == f"{STORE_LOST['reason']}; {refusal}"
+        assert agent.standing.failure["host"] == "h0"

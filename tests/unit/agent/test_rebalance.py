@@ -1,4 +1,4 @@
-"""Node rank 0's agent gives a straggler a smaller share (regrow.Regrowing._rebalance): from
+"""Node rank 0's agent gives a straggler a smaller share (regrow.Lead.rebalance): from
 the ranks' heartbeats as the store carries them to the claimed failure marked ``rebalance``,
 the ranks' environment of the next start, and its entry in the attempts. No process: the
 ranks' start is recorded, the views are set as the store would carry them."""
@@ -27,10 +27,15 @@ def lead(tmp_path, monkeypatch):
     agent.ranks.start = lambda env: started.append(dict(env))
     agent.peers.members = [0, 1, 2]
     agent.started = started
-    agent._start_ranks()
+    agent.starts.start()
     interval(agent, 0, [1.0, 1.0, 1.0], [32, 32, 32])
-    agent._track(0.0)
+    agent.starts.track(0.0)
     return agent
+
+
+def rebalance(agent, now):
+    """Node rank 0's straggler watch at ``now``, over the shares its starts use."""
+    return agent.lead.rebalance(now, agent.starts.weights)
 
 
 def interval(agent, step, times, shares, saved=0):
@@ -43,29 +48,29 @@ def interval(agent, step, times, shares, saved=0):
 
 def test_a_slowed_host_gets_a_smaller_share_at_the_next_checkpoint(lead):
     said = []
-    lead.say = said.append
+    lead.lead.say = said.append
     for i in range(WINDOW + NEEDED):  # a warm-up interval, a window, then NEEDED with h2 slow
         interval(lead, 10 + i * 10, [0.01, 0.01, 0.031], [32, 32, 32], saved=40)
-        assert lead._rebalance(float(i)) is None
+        assert rebalance(lead, float(i)) is None
     assert said == ["hosts' speeds h0 1.00x, h1 1.00x, h2 0.32x: new shares at the run's "
                     "next checkpoint"]  # fmt: skip
     interval(lead, 60, [0.01, 0.01, 0.031], [32, 32, 32], saved=40)
-    assert lead._rebalance(10.0) is None  # the checkpoint it saw when it decided: not yet
+    assert rebalance(lead, 10.0) is None  # the checkpoint it saw when it decided: not yet
     interval(lead, 65, [0.01, 0.01, 0.031], [32, 32, 32], saved=60)
-    cause = lead._rebalance(11.0)
+    cause = rebalance(lead, 11.0)
     assert cause is not None
     assert cause["reason"] == "new shares after the checkpoint of step 60"
     assert (cause["host"], cause["rebalance"]) == ("h2", {"h0": 1.0, "h1": 1.0, "h2": 0.323})
     assert not cause.get("restartable")
     assert not cause.get("gone")
 
-    lead.weights = cause["rebalance"]  # as _regrown does on every member
-    lead._start_ranks(cause)
+    lead.starts.weights = cause["rebalance"]  # as Regrow.regrown has it on every member
+    lead.starts.start(cause)
     assert lead.started[-1][WEIGHTS_ENV] == "1,1,0.323"
-    assert lead.attempts[-1]["cause"] == "rebalanced"
+    assert lead.starts.attempts[-1]["cause"] == "rebalanced"
     interval(lead, 60, [0.01, 0.01, 0.01], [41, 41, 14])
-    lead._track(12.0)
-    entry = lead.attempts[-1]
+    lead.starts.track(12.0)
+    entry = lead.starts.attempts[-1]
     assert entry["shares"] == [41, 41, 14]
     assert entry["global_batch"] == 96
     assert entry["cause"] == (
@@ -78,23 +83,23 @@ def test_no_new_shares_with_rebalance_off_or_for_a_program_without_the_figure(le
     lead.cfg.rebalance = "off"
     for i in range(2 * WINDOW + NEEDED):
         interval(lead, 10 + i * 10, [0.01, 0.01, 0.05], [32, 32, 32], saved=10 * i)
-        assert lead._rebalance(float(i)) is None
-    assert lead.rebalance_wait is None
+        assert rebalance(lead, float(i)) is None
+    assert lead.lead.rebalance_wait is None
     lead.cfg.rebalance = "auto"
     for i in range(2 * WINDOW + NEEDED):  # a user's program: its heartbeats have no sec_per_image
         interval(lead, 10 + i * 10, [None, None, None], [32, 32, 32], saved=10 * i)
-        assert lead._rebalance(float(i)) is None
-    assert lead.rebalance_wait is None
+        assert rebalance(lead, float(i)) is None
+    assert lead.lead.rebalance_wait is None
 
 
 def test_the_run_s_last_checkpoint_is_no_time_for_new_shares(lead):
     for i in range(WINDOW + NEEDED):
         interval(lead, 380 + i, [0.01, 0.01, 0.05], [32, 32, 32], saved=390)
-        lead._rebalance(float(i))
-    assert lead.rebalance_wait is not None
+        rebalance(lead, float(i))
+    assert lead.lead.rebalance_wait is not None
     interval(lead, 400, [0.01, 0.01, 0.05], [32, 32, 32], saved=400)
-    assert lead._rebalance(10.0) is None
-    assert lead.rebalance_wait is None
+    assert rebalance(lead, 10.0) is None
+    assert lead.lead.rebalance_wait is None
 
 
 def test_each_host_s_speed_ratio_is_a_metric(lead):
@@ -103,12 +108,12 @@ def test_each_host_s_speed_ratio_is_a_metric(lead):
     from ddpfleet_agent.exporter import Gpus, RunCollector  # noqa: PLC0415 (prometheus_client)
 
     interval(lead, 10, [0.01, 0.0098, 0.0033], [32, 32, 32])
-    assert lead._speed() == 0.98
-    read = lambda: (0, 0.0, {}, lead._speed())  # noqa: E731
+    assert lead.lead.speed() == 0.98
+    read = lambda: (0, 0.0, {}, lead.lead.speed())  # noqa: E731
     found = {f.name: f.samples for f in RunCollector(lead.cfg, read, Gpus()).collect()}
     assert found["ddpfleet_host_speed_ratio"][0].value == 0.98
     lead.peers.views[1]["ranks"][0]["sec_per_image"] = None  # a host without the figure
-    assert lead._speed() is None
+    assert lead.lead.speed() is None
     read = lambda: (0, 0.0, {}, None)  # noqa: E731
     assert "ddpfleet_host_speed_ratio" not in {
         f.name for f in RunCollector(lead.cfg, read, Gpus()).collect()

@@ -16,6 +16,7 @@ from time_bounds import within
 
 from ddpfleet_agent import ending
 from ddpfleet_agent.cli import parse_args
+from ddpfleet_agent.machine import Standing
 from ddpfleet_agent.records import Records
 from ddpfleet_agent.supervise import Agent
 
@@ -71,10 +72,9 @@ def test_a_host_that_lost_the_store_and_the_storage_ends_without_waiting_on_it(
             "--storage-timeout", "0.5", "--", "true"]  # fmt: skip
     agent = Agent(parse_args(args))
     agent.cfg.settle = 0.05
-    agent.store_ok = False
-    agent.failure = {"host": "h0", "rank": 0, "reason": "host h0 silent"}
+    failure = {"host": "h0", "rank": 0, "reason": "host h0 silent"}
     started = time.monotonic()
-    agent._write_summary("failed")
+    agent.ending._write_summary("failed", Standing(failure, store_ok=False))
     assert time.monotonic() - started < within(3)
     assert agent.records.storage_silent
     assert agent.records.flush(1)  # nothing was queued for the silent storage

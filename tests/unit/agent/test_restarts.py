@@ -13,7 +13,7 @@ import pytest
 
 from ddpfleet_agent.cli import parse_args
 from ddpfleet_agent.failures import restart_refusal
-from ddpfleet_agent.regrow import ASK_EVERY, Regrowing
+from ddpfleet_agent.regrow import ASK_EVERY, Lead
 from ddpfleet_agent.supervise import Agent
 
 
@@ -197,24 +197,24 @@ def test_restart_refusal_of_a_host_gone(cause, members, min_hosts, verdict):
         assert restart_refusal(cause, [CRASH, CRASH], 2, members=members, min_hosts=min_hosts)
 
 
-class _Lead(Regrowing):
-    """Node rank 0's agent as `Regrowing._regrow` sees it: h2 left out and asking to come back,
+class _Lead(Lead):
+    """Node rank 0's watch as `Lead.regrow` sees it: h2 left out and asking to come back,
     the lead rank's heartbeat at `saved` of `total` steps."""
 
     def __init__(self, saved: int, total: int) -> None:
-        self.cfg = SimpleNamespace(hosts=["h0", "h1", "h2"], host="h0")
-        self.peers = SimpleNamespace(
+        self.said: list[str] = []
+        cfg = SimpleNamespace(hosts=["h0", "h1", "h2"], host="h0")
+        peers = SimpleNamespace(
             members=[0, 1], joins=lambda: [2], leads=True,
             views={0: {"ranks": [{"saved": saved, "total_steps": total}]}},
         )  # fmt: skip
-        self.said: list[str] = []
-        self.say = self.said.append
+        super().__init__(cfg, peers, self.said.append)
 
     def regrow_after(self, saved: int) -> dict | None:
-        """_regrow when h2 asks, then again once the ranks saved `saved`."""
-        assert self._regrow(10.0) is None  # asked: waits for the next checkpoint
+        """regrow when h2 asks, then again once the ranks saved `saved`."""
+        assert self.regrow(10.0) is None  # asked: waits for the next checkpoint
         self.peers.views[0]["ranks"][0]["saved"] = saved
-        return self._regrow(10.0 + ASK_EVERY)
+        return self.regrow(10.0 + ASK_EVERY)
 
 
 def test_a_host_is_taken_back_at_the_next_checkpoint_but_not_at_the_run_s_last_step():
@@ -228,7 +228,7 @@ def test_a_host_is_taken_back_at_the_next_checkpoint_but_not_at_the_run_s_last_s
     lead = _Lead(saved=40, total=45)
     assert lead.regrow_after(45) is None
     assert lead.said[-1] == "h2 not taken back: the run saved its last step (45)"
-    assert lead._regrow(10.0 + 2 * ASK_EVERY) is None  # said once, not taken later
+    assert lead.regrow(10.0 + 2 * ASK_EVERY) is None  # said once, not taken later
     assert len(lead.said) == 2
 
 
@@ -247,9 +247,9 @@ def test_a_host_taken_back_is_said_to_rejoin_at_the_checkpoint_its_restart_resum
     agent.peers.members = [0, 1, 2]
     back = _Lead(saved=15, total=400).regrow_after(20)
     assert back["reason"] == "h2 back after the checkpoint of step 20"
-    agent._start_ranks(back)
-    assert agent.attempts[-1]["cause"] == "h2 back: rejoined at the newest checkpoint"
+    agent.starts.start(back)
+    assert agent.starts.attempts[-1]["cause"] == "h2 back: rejoined at the newest checkpoint"
     agent.peers.views = {0: {"ranks": [{"rank": 0, "phase": "start", "step": 25}]}}
-    agent._track(time.time())
-    assert agent.attempts[-1]["from_step"] == 25
-    assert agent.attempts[-1]["cause"] == "h2 back: rejoined at the checkpoint of step 25"
+    agent.starts.track(time.time())
+    assert agent.starts.attempts[-1]["from_step"] == 25
+    assert agent.starts.attempts[-1]["cause"] == "h2 back: rejoined at the checkpoint of step 25"

@@ -14,6 +14,7 @@ import pytest
 
 from ddpfleet_agent import ending
 from ddpfleet_agent.cli import parse_args
+from ddpfleet_agent.machine import Standing
 from ddpfleet_agent.records import Records
 from ddpfleet_agent.summary import (
     SUMMARY,
@@ -119,9 +120,9 @@ def test_a_stand_in_for_node_rank_0_writes_the_whole_summary_and_keeps_the_part(
             "--", "true"]  # fmt: skip
     agent = Agent(parse_args(args))
     agent.cfg.settle = 0.05
-    agent.store_ok, agent.attempts = False, [dict(a) for a in ATTEMPTS]
-    agent.failure = {"host": "h0", "rank": 0, "reason": "host h0 silent"}
-    agent._write_summary("failed")
+    agent.starts.attempts = [dict(a) for a in ATTEMPTS]
+    failure = {"host": "h0", "rank": 0, "reason": "host h0 silent"}
+    agent.ending._write_summary("failed", Standing(failure, store_ok=False))
     assert agent.records.flush(5)
     summary = json.loads((run / SUMMARY).read_text())
     assert (summary["status"], summary["attempt"], summary["steps"]) == ("failed", "a2", 6)
