@@ -26,7 +26,7 @@ def bundle_dir(run_dir: str, attempt: str) -> Path:
 
 
 def take(cfg: AgentConfig, peers: Peers, ranks: LocalRanks, records: Records, failure: dict, *,
-         say: Callable[[str], None], running: Callable[[], dict], label: str,
+         say: Callable[[str], None], label: str,
          store_ok: bool) -> tuple[str | None, bool]:  # fmt: skip
     """Dump this host's ranks, wait for the peers'; returns (node rank 0's diagnosis, store_ok)."""
     if cfg.dump_timeout <= 0:
@@ -43,7 +43,7 @@ def take(cfg: AgentConfig, peers: Peers, ranks: LocalRanks, records: Records, fa
     try:
         peers.publish_dump(mine)
         while time.time() < deadline:
-            peers.exchange(running())  # keepalive: this host is not gone
+            peers.exchange(ranks.record("running"))  # keepalive: this host is not gone
             dumps.update(peers.dumps())
             # a host judged gone was silent for peer_timeout already: no wait for it
             silent = peers.silent(time.time(), min(5.0, cfg.peer_timeout))

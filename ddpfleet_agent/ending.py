@@ -35,19 +35,16 @@ PROGRESS_EVERY = 2.0  # seconds between node rank 0's progress.json writes
 
 class Ending:
     def __init__(self, cfg: AgentConfig, peers: Peers, ranks: LocalRanks, *, records: Records,
-                 starts: Starts, say: Callable[[str], None],
-                 record: Callable[[str], dict]) -> None:  # fmt: skip
-        """``record``: this host's record in the store in a state (its ranks' views)."""
+                 starts: Starts, say: Callable[[str], None]) -> None:  # fmt: skip
         self.cfg, self.records, self.ranks, self.peers = cfg, records, ranks, peers
-        self.starts, self.say, self.record = starts, say, record
+        self.starts, self.say = starts, say
         self.last_progress = 0.0
         self.first_train: tuple[float, int, int] | None = None  # time, step, start
 
     def finish(self, outcome: str, code: int, standing: Standing, escalated: bool) -> int:
         """Report the exit (``escalated``: the ranks were killed after a stop); the exit code."""
         cfg, failure, starts = self.cfg, standing.failure, self.starts
-        self.ranks.kill_all()
-        self.ranks.wait_output()
+        self.ranks.end()
         if outcome == "failed" and failure:
             self.say(cause_line(cfg.run_id, failure))
         else:
@@ -82,15 +79,11 @@ class Ending:
         """The shared storage did not answer a read or take this host's records: the host-local
         fallback's exit record names it as the cause (status.yml shows it, the storage gone)."""
         cfg = self.cfg
-        storage = (
-            f"the shared storage did not answer within {cfg.storage_timeout:g} s ({cfg.run_dir})"
-        )
+        storage = f"the shared storage did not answer within {cfg.storage_timeout:g} s"
+        storage = f"{storage} ({cfg.run_dir})"
         print(f"ddpfleet agent: {cfg.host}: {storage}", flush=True)
-        what = (
-            cause_line(cfg.run_id, failure)
-            if failure
-            else f"run {cfg.run_id} {exit_rec['outcome']}"
-        )
+        what = f"run {cfg.run_id} {exit_rec['outcome']}"
+        what = cause_line(cfg.run_id, failure) if failure else what
         self.records.write_local_exit({**exit_rec, "storage": storage,
                                        "cause": f"{storage}; {what}"})  # fmt: skip
 
@@ -107,7 +100,7 @@ class Ending:
         self.records.write_progress(record, final=True)
 
     def _write_summary(self, outcome: str, standing: Standing, escalated: bool = False) -> None:
-        cfg, failure = self.cfg, standing.failure
+        cfg, failure, starts = self.cfg, standing.failure, self.starts
         if outcome == "failed" and failure:
             if self.peers.leads:
                 self.records.write_failure(
@@ -127,9 +120,7 @@ class Ending:
                     return  # the storage went with node rank 0's host: nothing can be written
                 if summary.get("attempt") != cfg.attempt or "failure" not in summary:
                     self.records.write_failure(cfg.run_id, cfg.attempt, failure, cfg.log_tail_lines)
-                    self.records.write_attempts(
-                        self.starts.attempts, self.starts.restarts, keep_part=True
-                    )
+                    self.records.write_attempts(starts.attempts, starts.restarts, keep_part=True)
                 self._stand_in_for_rank0(before)
         elif outcome == "stopped" and self.peers.leads and escalated:
             self.records.write_stopped(cfg.attempt)
@@ -153,16 +144,11 @@ class Ending:
     def _write_program_summary(self, outcome: str, mine: dict) -> None:
         cfg = self.cfg
         exits = {**self.peers.exits, cfg.node_rank: mine}
-        hosts = {
-            name: {
-                "exit_code": exits.get(node, {}).get("exit_code"),
-                # a host without an exit record: left out of the run, or unknown
-                "outcome": exits.get(node, {}).get(
-                    "outcome", "no exit record" if node in self.peers.members else "left out"
-                ),
-            }
-            for node, name in enumerate(cfg.hosts)
-        }
+        hosts = {}
+        for node, name in enumerate(cfg.hosts):
+            rec = exits.get(node, {})  # none: the host was left out of the run, or is unheard of
+            absent = "no exit record" if node in self.peers.members else "left out"
+            hosts[name] = {"exit_code": rec.get("exit_code"), "outcome": rec.get("outcome", absent)}
         started = self.ranks.started or time.time()
         attempts = self.starts.attempts
         world = attempts[-1]["world_size"] if attempts else cfg.world_size
@@ -186,7 +172,7 @@ class Ending:
         deadline = time.time() + self.cfg.peer_timeout
         while time.time() < deadline:
             try:
-                self.peers.exchange(self.record("exited"))
+                self.peers.exchange(self.ranks.record("exited"))
             except StoreLost:
                 return
             waiting = [n for n in self.peers.members if n != self.cfg.node_rank]

@@ -58,14 +58,13 @@ class FailOver:
         return any(node or generation for node, generation in found.items())
 
     def failed_over(self, standing: Standing) -> tuple[bool, Standing]:
-        """After the run's store was lost, where the machine lets the run go on (machine.py):
-        under another host's store, the lowest-ranked member left (True); False when this host
-        is left out (it looks for the run) or the run cannot go on (the failure says why)."""
+        """After the run's store was lost and the ranks ended, where the machine lets the run go
+        on (machine.py): under another host's store, the lowest-ranked member left (True); False
+        when this host is left out (it looks for the run) or the run cannot go on (the failure
+        says why)."""
         cfg, peers, cause = self.cfg, self.peers, standing.failure or {}
         lost = peers.leader
         left = [n for n in peers.members if n != lost]
-        self.ranks.kill_all()
-        self.ranks.wait_output()
         generation, new = peers.generation + 1, left[0]
         self.say(
             f"restart {self.starts.count(cause)} of {cfg.restarts} without {cfg.hosts[lost]} "
@@ -87,7 +86,6 @@ class FailOver:
         off, and the others go on under a new store's host. End the ranks, stop serving (no
         failure is claimed) and look for the run's store as a host left out does."""
         self.say(f"{problem.get('reason')}: it ends its ranks and stops serving the store")
-        self.ranks.kill_all()
-        self.ranks.wait_output()
+        self.ranks.end()
         self.peers.step_down()
         return replace(standing, failure=problem, store_ok=False, left_out=True)

@@ -10,7 +10,6 @@ cause), looked for while the command runs (``Judge.check``) and named when it ex
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -41,17 +40,10 @@ class Judge:
     def __init__(self, cfg: AgentConfig, peers: Peers, ranks: LocalRanks) -> None:
         self.cfg, self.peers, self.ranks = cfg, peers, ranks
 
-    def failure(
-        self,
-        node: int,
-        rank: int | None,
-        code: int | None,
-        reason: str,
-        *,
-        ranks: bool = False,
-        gone: bool = False,
-    ) -> Failure:
-        """``ranks``: a failure of a rank's own (its exit, frozen), which a restart may heal;
+    def failure(self, node: int, reason: str, *, rank: int | None = None, code: int | None = None,
+                ranks: bool = False, gone: bool = False) -> Failure:  # fmt: skip
+        """The failure of ``node`` (its ``rank``, where one is to blame, and exit ``code``).
+        ``ranks``: a failure of a rank's own (its exit, frozen), which a restart may heal;
         ``gone``: another host without a keepalive (the run may go on without it)."""
         views = self.peers.views.get(node, {}).get("ranks") or []
         if rank is None:  # a whole host: name its first rank (the only one with one per host)
@@ -67,12 +59,10 @@ class Judge:
         """The failure of losing the store: its host, gone when another may take over."""
         node = self.peers.leader
         reason = f"lost the connection to the run's store on {self.cfg.hosts[node]} ({exc})"
-        return {**self.failure(node, None, None, reason, gone=self.cfg.can_fail_over),
+        return {**self.failure(node, reason, gone=self.cfg.can_fail_over),
                 "store_lost": True}  # fmt: skip
 
-    def ended(
-        self, code: int, standing: Standing, *, stopping: bool, record: Callable[[str], dict]
-    ) -> tuple[str, int, Standing]:
+    def ended(self, code: int, standing: Standing, stopping: bool) -> tuple[str, int, Standing]:
         """The command exited by itself: completed, stopped, or a failure to name."""
         if code == 0:
             return "completed", 0, standing
@@ -80,13 +70,13 @@ class Judge:
             return "stopped", EXIT_STOPPED, standing
         self.ranks.wait_output()
         rank, rcode, reason = self.ranks.failed_rank(code)
-        mine = self.failure(self.cfg.node_rank, rank, rcode, reason, ranks=True)
+        mine = self.failure(self.cfg.node_rank, reason, rank=rank, code=rcode, ranks=True)
         # A dead rank or host makes the others fail too: publish this exit, watch the peers'
         # for a moment, and name a host that went silent, else the first cause of all exits.
         deadline = time.time() + self.cfg.settle
         while time.time() < deadline:
             try:
-                failure, _ = self.peers.exchange({**record("exited"), "cause": mine})
+                failure, _ = self.peers.exchange({**self.ranks.record("exited"), "cause": mine})
             except StoreLost:
                 standing = replace(standing, store_ok=False)
                 break
@@ -97,7 +87,7 @@ class Judge:
         silent = self.peers.silent(time.time(), self.cfg.settle * 0.75) if store_ok else []
         if silent:
             why = "host stopped responding (its agent's keepalive ended: container or host gone)"
-            mine = self.failure(silent[0], None, None, why, gone=True)
+            mine = self.failure(silent[0], why, gone=True)
         elif store_ok:
             cause = failures.first_cause([mine, *self.peers.exit_causes()])
             mine = {**cause, "claimed_by": self.cfg.host}
@@ -108,31 +98,22 @@ class Judge:
         (failures.py's rules). The store's host that lost every other host at once is cut off,
         whatever its own ranks do: where enough hosts are left the others go on without it
         (failover.py)."""
-        cfg = self.cfg
+        cfg, beat = self.cfg, self.cfg.heartbeat_timeout
         members = len(self.peers.members)
         silent = self.peers.silent(now, cfg.peer_timeout)
         gone = failures.host_problem(silent, members, cfg.node_rank, cfg.peer_timeout)
-        if gone is not None and gone[0] == cfg.node_rank and self._may_step_down(members):
-            return {**self.failure(gone[0], None, None, gone[1]), "cut_off": True}
+        # this host serves the store, and another may take over with enough hosts left
+        steps_down = self.peers.leads and cfg.can_fail_over
+        if gone and gone[0] == cfg.node_rank and steps_down and members - 1 >= cfg.min_hosts:
+            return {**self.failure(gone[0], gone[1]), "cut_off": True}
         beats = rank_views(self.ranks.heartbeats(), now)
-        frozen = failures.rank_problem(beats, cfg.heartbeat_timeout, cfg.stop_timeout)
+        frozen = failures.rank_problem(beats, beat, cfg.stop_timeout)
         if frozen is not None:
-            return self.failure(cfg.node_rank, frozen[0], None, frozen[1], ranks=True)
-        hang = failures.hang_cause(
-            self.peers.views, cfg.hosts, cfg.heartbeat_timeout, judge=cfg.host
-        )
+            return self.failure(cfg.node_rank, frozen[1], rank=frozen[0], ranks=True)
+        hang = failures.hang_cause(self.peers.views, cfg.hosts, beat, judge=cfg.host)
         if hang is not None:
             return hang
         if gone is not None:
-            return self.failure(gone[0], None, None, gone[1], gone=gone[0] != cfg.node_rank)
+            return self.failure(gone[0], gone[1], gone=gone[0] != cfg.node_rank)
         late = failures.runtime_problem(started, now, cfg.max_runtime)
-        return None if late is None else self.failure(cfg.node_rank, None, None, late)
-
-    def _may_step_down(self, members: int) -> bool:
-        """This host serves the store, and another may take over with enough hosts left."""
-        cfg = self.cfg
-        return (
-            self.peers.leads
-            and cfg.can_fail_over
-            and not failures.too_few(members - 1, cfg.min_hosts)
-        )
+        return None if late is None else self.failure(cfg.node_rank, late)

@@ -41,7 +41,7 @@ class State(enum.Enum):
 
 
 class Action(enum.Enum):
-    START = "start"  # start the ranks (supervise.Agent._start_ranks)
+    START = "start"  # start the ranks (restarts.Starts.start)
     LEAVE = "leave"  # mark this host out of the run's generation (started again in the run)
     CLAIM = "claim"  # claim a failure of this host, the text its reason
     FAIL_OVER = "fail over"  # serve or follow another host's store, regroup (failover.py)

@@ -138,6 +138,7 @@ class LocalRanks:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
         self.tail: list[str] = []
+        self.beats: dict[int, dict] = {}  # as the last record() read them
         self._pump: threading.Thread | None = None
 
     def start(self, env: dict[str, str]) -> None:
@@ -173,8 +174,19 @@ class LocalRanks:
         if self._pump is not None:
             self._pump.join(timeout)
 
+    def end(self) -> None:
+        """Kill the command (kill_all) and let the pump drain what it printed last."""
+        self.kill_all()
+        self.wait_output()
+
     def heartbeats(self) -> dict[int, dict]:
         return read_heartbeats(self.heartbeat_dir)
+
+    def record(self, state: str) -> dict:
+        """This host's record for the store: ``state`` and its ranks' views (``beats``: the
+        heartbeats they were made of, as the metrics show them)."""
+        self.beats = self.heartbeats()
+        return {"state": state, "ranks": rank_views(self.beats, time.time())}
 
     def rank_pids(self) -> list[int]:
         """The rank processes: the command's direct children (torchrun's workers)."""

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from ddpfleet_agent.cli import AgentConfig
     from ddpfleet_agent.failures import Failure
     from ddpfleet_agent.peers import Peers
-    from ddpfleet_agent.ranks import LocalRanks
     from ddpfleet_agent.records import Records
     from ddpfleet_agent.restarts import Starts
 
@@ -45,15 +44,16 @@ def _host_times(ranks: list[list[dict]]) -> list[float]:
 
 
 class Lead:
-    """Node rank 0's watch while the ranks run: hosts asking to come back, and stragglers."""
+    """Node rank 0's watch while the ranks run: hosts asking to come back (``join_wait``: they
+    and the step saved when they asked), and stragglers (``watch``, the detector's state;
+    ``rebalance_wait``: the new weights, the speeds and the step saved when it decided)."""
 
     def __init__(self, cfg: AgentConfig, peers: Peers, say: Callable[[str], None]) -> None:
         self.cfg, self.peers, self.say = cfg, peers, say
-        self.join_wait: tuple[list[int], float | None] | None = None  # asking, saved step then
+        self.join_wait: tuple[list[int], float | None] | None = None
         self.join_checked = 0.0
-        self.watch = stragglers.Watch()  # the straggler detector
-        self.rebalance_wait: tuple[dict, dict, float | None] | None = None  # weights, speeds,
-        # and the saved step when it decided
+        self.watch = stragglers.Watch()
+        self.rebalance_wait: tuple[dict, dict, float | None] | None = None
 
     def restarted(self) -> None:
         """A new start of the ranks: the detector counts its intervals only."""
@@ -86,7 +86,7 @@ class Lead:
             self.say(f"{names} not taken back: the run saved its last step ({int(saved)})")
             return None
         # the ranks may save again before they are ended: the restart's entry names the
-        # checkpoint it resumed from once it knows it (restarts._track)
+        # checkpoint it resumed from once it knows it (restarts.Starts.track)
         reason = f"{names} back after the checkpoint of step {int(saved)}"
         found = failures.failure(cfg.hosts, asking[0], None, None, reason, judge=cfg.host)
         return {**found, "regrow": asking}
@@ -137,38 +137,33 @@ class Regrow:
     """Every member's way back: restarting with hosts taken back or new shares, and asking to
     come back once left out. ``stopped``: a stop came (SIGTERM, SIGINT)."""
 
-    def __init__(self, cfg: AgentConfig, peers: Peers, ranks: LocalRanks, *, records: Records,
-                 starts: Starts, say: Callable[[str], None],
-                 stopped: Callable[[], bool]) -> None:  # fmt: skip
-        self.cfg, self.peers, self.ranks, self.records = cfg, peers, ranks, records
+    def __init__(self, cfg: AgentConfig, peers: Peers, *, records: Records, starts: Starts,
+                 say: Callable[[str], None], stopped: Callable[[], bool]) -> None:  # fmt: skip
+        self.cfg, self.peers, self.records = cfg, peers, records
         self.starts, self.say, self.stopped = starts, say, stopped
 
     def regrown(self, standing: Standing) -> tuple[bool, Standing]:
         """Every member, once node rank 0 ended the generation to take hosts back or to give
-        the hosts new shares: restart from the newest checkpoint with them."""
+        the hosts new shares (its ranks ended): restart from the newest checkpoint with them."""
         cause = standing.failure or {}
-        self.ranks.kill_all()
-        self.ranks.wait_output()
         joining = [int(n) for n in cause.get("regrow") or []]
-        weights = self.starts.weights
-        if cause.get("rebalance"):
-            weights = {str(h): float(w) for h, w in cause["rebalance"].items()}
-        generation = len(self.starts.attempts)
+        new = cause.get("rebalance") or {}
+        weights = {str(h): float(w) for h, w in new.items()} if new else self.starts.weights
+        after = len(self.starts.attempts)  # the generation of the restart
         back = " with every host back" if joining else ""
         self.say(f"{cause.get('reason')}: restart from the newest checkpoint{back}")
         if self.peers.leads:
             try:
-                self.peers.welcome(generation, joining, weights)
+                self.peers.welcome(after, joining, weights)
             except StoreLost:
                 return False, replace(standing, store_ok=False)
-        return self.starts.regroup(generation, standing, cause, [], joining, weights)
+        return self.starts.regroup(after, standing, cause, [], joining=joining, weights=weights)
 
     def rejoined(self, standing: Standing, again: bool = False) -> tuple[bool, Standing]:
         """A host cut off or left out (not node rank 0), or whose agent was started ``again``
         in the run (its container restarted: ``Peers.ran_before``): ask to come back until node
         rank 0 lets it in, and start with the others (True); False when the run ends first or
         on a stop (machine.may_rejoin says when it asks)."""
-        self.ranks.kill_all()
         self.say(
             "started again in the run: it asks to come back until the run ends"
             if again
@@ -180,18 +175,15 @@ class Regrow:
         self.peers.members = list(said["nodes"])
         self.records.storage_silent = False  # back on the network: its storage may be too
         self.say(f"back in the run at its generation {said['generation']}")
-        back = replace(standing, store_ok=True, left_out=False)  # the run's shares, if new ones:
-        return self.starts.regroup(said["generation"], back, None, [], None, said.get("weights"))
+        back = replace(standing, store_ok=True, left_out=False)  # with the run's new shares, if any
+        return self.starts.regroup(said["generation"], back, None, [], weights=said.get("weights"))
 
     def _welcome_back(self, again: bool = False) -> dict | None:
         """Try the store every ASK_EVERY s and ask to come back: node rank 0's answer, or None
         when the run ended first (or a stop, or the run's max_runtime)."""
-        cfg = self.cfg
-        started = self.starts.began() or time.time()
+        limit = self.cfg.max_runtime and (self.starts.began() or time.time()) + self.cfg.max_runtime
         connected = False
-        while not self.stopped() and not (
-            cfg.max_runtime and time.time() > started + cfg.max_runtime
-        ):
+        while not self.stopped() and not (limit and time.time() > limit):
             try:
                 if not connected and self.peers.reconnect():
                     connected = True

@@ -28,7 +28,7 @@ from ddpfleet_agent.ranks import KILL_WAIT
 from ddpfleet_agent.records import cause_line
 
 RESTART_ENV = "DDPFLEET_RESTART"  # the generation (starts before this one), in a restart's env
-NEWEST = "the newest checkpoint"  # a regrow's restart: which one, once its ranks say (_track)
+NEWEST = "the newest checkpoint"  # a regrow's restart: which one, once its ranks say (track)
 # In a run that goes on without a host (``--min-hosts``): the first attempt's world size and
 # which of its global ranks remain, in the new ranks' order. ddpfleet's trainer splits the
 # same global batch among them (trainer.balance.attempt_batches).
@@ -128,7 +128,7 @@ class Starts:
                                         for _ in range(cfg.nproc))  # fmt: skip
         self.ranks.start(env)
         why = None if cause is None else cause_line(cfg.run_id, cause)
-        if cause and cause.get("regrow"):  # the step: once the ranks say it (_track)
+        if cause and cause.get("regrow"):  # the step: once the ranks say it (track)
             back = ", ".join(cfg.hosts[n] for n in cause["regrow"])
             why = f"{back} back: rejoined at {NEWEST}"
         self.attempts.append({
@@ -182,12 +182,10 @@ class Starts:
         return {h: sum(shares[i * nproc : (i + 1) * nproc]) for i, h in enumerate(entry["hosts"])}
 
     def restarted(self, standing: Standing) -> tuple[bool, Standing]:
-        """After the run failed and the machine restarts it (machine.py: ``failures.
-        restart_refusal`` allowed it): in place or without a host that is gone; True when this
-        host's ranks run again."""
+        """After the run failed, its ranks ended, and the machine restarts it (machine.py:
+        ``failures.restart_refusal`` allowed it): in place or without a host that is gone; True
+        when this host's ranks run again."""
         cause, cfg = standing.failure or {}, self.cfg
-        self.ranks.kill_all()
-        self.ranks.wait_output()
         without = f" without {cause.get('host')}" if cause.get("gone") else " in place"
         self.say(
             f"restart {self.count(cause)} of {cfg.restarts}{without} from the newest checkpoint "
@@ -196,15 +194,9 @@ class Starts:
         left_out = [int(cause.get("node_rank", -1))] if cause.get("gone") else []
         return self.regroup(len(self.attempts), standing, cause, left_out)
 
-    def regroup(  # noqa: PLR0917 - the generation and who is in and out of it
-        self,
-        generation: int,
-        standing: Standing,
-        cause: Failure | None,
-        left_out: list[int],
-        joining: list[int] | None = None,
-        weights: dict[str, float] | None = None,
-    ) -> tuple[bool, Standing]:
+    def regroup(self, generation: int, standing: Standing, cause: Failure | None,
+                left_out: list[int], *, joining: list[int] | None = None,
+                weights: dict[str, float] | None = None) -> tuple[bool, Standing]:  # fmt: skip
         """Regroup the hosts for ``generation`` (membership.py) and start this host's ranks in
         it (True), with new ``weights`` if any; False when this host is not in it or the run
         cannot go on (the failure says why). The store's host that no other host came to, in a
@@ -217,8 +209,7 @@ class Starts:
             said = self.peers.regroup(generation, within, left_out, joining)
         except StoreLost as exc:
             why = f"lost the run's store at a restart ({exc})"
-            return False, replace(standing, store_ok=False,
-                                  failure=self.judge.failure(0, None, None, why))  # fmt: skip
+            return False, replace(standing, store_ok=False, failure=self.judge.failure(0, why))
         if cfg.node_rank not in said["nodes"]:
             self.say("left out of the restarted run: its other hosts went on without this one")
             return False, replace(standing, left_out=True)
@@ -230,9 +221,7 @@ class Starts:
             return False, replace(standing, store_ok=False, left_out=True)
         if missing and (not cfg.min_hosts or failures.too_few(len(said["nodes"]), cfg.min_hosts)):
             why = "its agent did not come back to restart"
-            return False, claim(
-                self.peers, standing, self.judge.failure(missing[0], None, None, why)
-            )
+            return False, claim(self.peers, standing, self.judge.failure(missing[0], why))
         for old in self.ranks.heartbeat_dir.glob("rank-*.json"):  # the last start's beats
             with contextlib.suppress(OSError):
                 old.unlink()

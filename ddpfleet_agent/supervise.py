@@ -12,32 +12,18 @@ from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
-from ddpfleet_agent import bundle, failures
+from ddpfleet_agent import bundle, failures, machine
 from ddpfleet_agent.cli import AgentConfig
 from ddpfleet_agent.ending import Ending
 from ddpfleet_agent.failover import FailOver
 from ddpfleet_agent.failures import Failure
 from ddpfleet_agent.judging import Judge, claim
-from ddpfleet_agent.machine import (
-    Action,
-    Began,
-    Do,
-    Ended,
-    Facts,
-    Reported,
-    Standing,
-    State,
-    transition,
-)
+from ddpfleet_agent.machine import Action, Began, Do, Ended, Facts, Reported, Standing, State
 from ddpfleet_agent.peers import Peers, StoreLost
-from ddpfleet_agent.ranks import LocalRanks, rank_views
+from ddpfleet_agent.ranks import LocalRanks
 from ddpfleet_agent.records import Records
 from ddpfleet_agent.regrow import Lead, Regrow
 from ddpfleet_agent.restarts import Starts
-
-
-def _stamp() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 class Agent:
@@ -57,30 +43,23 @@ class Agent:
         self.starts = starts = Starts(cfg, peers, ranks, judge=self.judge, env=env, say=say)
         self.lead = Lead(cfg, peers, say)
         self.failover = FailOver(cfg, peers, ranks, records=records, starts=starts, say=say)
-        self.regrow = Regrow(cfg, peers, ranks, records=records, starts=starts, say=say,
+        self.regrow = Regrow(cfg, peers, records=records, starts=starts, say=say,
                              stopped=lambda: bool(self.signum))  # fmt: skip
-        self.ending = Ending(cfg, peers, ranks, records=records, starts=starts, say=say,
-                             record=self._record)  # fmt: skip
+        self.ending = Ending(cfg, peers, ranks, records=records, starts=starts, say=say)
         self.standing = Standing()
         self.signum = 0
         self.stopping_since = 0.0
         self.escalated = False
-        self.beats: dict[int, dict] = {}  # the ranks' heartbeats as last read (the metrics)
 
-    # --- small helpers ----------------------------------------------------------------------
     def say(self, text: str) -> None:
-        line = f"ddpfleet agent: {_stamp()} {self.cfg.host}: {text}"
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        line = f"ddpfleet agent: {stamp} {self.cfg.host}: {text}"
         print(line, flush=True)
         self.records.log(line)
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.signum = self.signum or signum
 
-    def _record(self, state: str) -> dict:
-        self.beats = self.ranks.heartbeats()
-        return {"state": state, "ranks": rank_views(self.beats, time.time())}
-
-    # --- the loop -----------------------------------------------------------------------
     def run(self) -> int:
         """Supervise the run; an error of the agent's own ends it as a failure naming this
         host, with the traceback in nodes/<host>.log, instead of a container gone silently."""
@@ -95,7 +74,7 @@ class Agent:
         for line in traceback.format_exc().rstrip().splitlines():
             self.say(line)
         reason = f"its ddpfleet agent failed ({type(exc).__name__}: {exc})"
-        failure = self.judge.failure(self.cfg.node_rank, None, None, reason[:500])
+        failure = self.judge.failure(self.cfg.node_rank, reason[:500])
         self.standing = replace(self.standing, failure=failure)
         try:
             if self.standing.store_ok:
@@ -121,7 +100,7 @@ class Agent:
                 self.peers.connect()
         except StoreLost as exc:
             why = f"cannot reach the run's store at {cfg.store_host}:{cfg.store_port} ({exc})"
-            self.standing = Standing(self.judge.failure(0, None, None, why), store_ok=False)
+            self.standing = Standing(self.judge.failure(0, why), store_ok=False)
             return self._finish("failed", 1)
         if cfg.metrics_port and (why := self._serve_metrics()):
             self.say(why)  # the run goes on without its metrics
@@ -131,7 +110,7 @@ class Agent:
         state, event = State.STARTING, Began(self._facts("left out"), again)
         code = 1
         while True:
-            state, actions = transition(state, event)
+            state, actions = machine.transition(state, event)
             regrouped = False
             for do in actions:
                 if do.action is Action.FINISH:
@@ -145,8 +124,7 @@ class Agent:
 
     def _facts(self, outcome: str) -> Facts:
         """What the machine decides from: this agent's signals, store, config and restarts."""
-        cfg = self.cfg
-        now = self.standing
+        cfg, now = self.cfg, self.standing
         return Facts(outcome=outcome, signalled=bool(self.signum), store_ok=now.store_ok,
                      left_out=now.left_out, node_rank=cfg.node_rank,
                      can_fail_over=cfg.can_fail_over, takes_hosts_back=cfg.takes_hosts_back,
@@ -164,13 +142,14 @@ class Agent:
         elif do.action is Action.LEAVE:  # not in the run's generation until it is let back
             self.standing = replace(now, left_out=True)
         elif do.action is Action.CLAIM:
-            mine = self.judge.failure(self.cfg.node_rank, None, None, do.text)
+            mine = self.judge.failure(self.cfg.node_rank, do.text)
             self.standing = claim(self.peers, now, mine)
         elif do.action is Action.START:
             self.starts.start()
             self.lead.restarted()
             return True
-        else:
+        else:  # the generation's ranks end first, their last output drained
+            self.ranks.end()
             again = do.text == "again"
             heal = {Action.FAIL_OVER: self.failover.failed_over,
                     Action.RESTART: self.starts.restarted, Action.REGROW: self.regrow.regrown,
@@ -188,7 +167,7 @@ class Agent:
         except ImportError as exc:
             return f"no metrics endpoint: {exc}"
         return exporter.serve(self.cfg, lambda: (self.starts.restarts, self.ranks.started,
-                                                 self.beats, self.lead.speed()))  # fmt: skip
+                                                 self.ranks.beats, self.lead.speed()))  # fmt: skip
 
     def _finish(self, outcome: str, code: int) -> int:
         return self.ending.finish(outcome, code, self.standing, self.escalated)
@@ -200,7 +179,7 @@ class Agent:
             code = self.ranks.poll()
             try:
                 failure, stop = self.peers.exchange(
-                    self._record("exited" if code is not None else "running")
+                    self.ranks.record("exited" if code is not None else "running")
                 )
             except StoreLost as exc:
                 self.standing = replace(self.standing, store_ok=False)
@@ -214,14 +193,13 @@ class Agent:
             if (self.signum or stop) and not self.stopping_since:
                 self._begin_stop(stop)
             if code is not None:
-                outcome, code, self.standing = self.judge.ended(
-                    code, self.standing, stopping=bool(self.stopping_since), record=self._record
-                )
+                stopping = bool(self.stopping_since)
+                outcome, code, self.standing = self.judge.ended(code, self.standing, stopping)
                 return outcome, code
             self.starts.track(now)
             self.ending.progress(now)
             problem = self._check(now)
-            if problem is not None and problem.get("cut_off"):  # judging._may_step_down
+            if problem is not None and problem.get("cut_off"):  # judging.Judge.check
                 self.standing = self.failover.step_down(problem, self.standing)
                 return "failed", 1
             if problem is not None:
@@ -237,7 +215,7 @@ class Agent:
     def _check(self, now: float) -> Failure | None:
         """A failure seen while the ranks run, or node rank 0's end of a generation to take
         hosts back or give new shares (regrow.py), or None."""
-        started = self.starts.attempts[0]["started"]
+        started = self.starts.began() or now
         return (self.judge.check(now, started) or self.lead.regrow(now)
                 or self.lead.rebalance(now, self.starts.weights))  # fmt: skip
 
@@ -247,7 +225,7 @@ class Agent:
         if self.ranks.poll() is None and not failures.planned(failure):  # nothing failed
             diagnosis, store_ok = bundle.take(
                 self.cfg, self.peers, self.ranks, self.records, failure, say=self.say,
-                running=lambda: self._record("running"), label=self.starts.label,
+                label=self.starts.label,
                 store_ok=standing.store_ok)  # fmt: skip
             standing = replace(standing, diagnosis=diagnosis, store_ok=store_ok)
         self.standing = standing

@@ -26,8 +26,8 @@ from collections.abc import Callable
 
 from ddpfleet_agent.ranks import COUNTS, NUMBERS, number
 
-# What each key must hold to be acted on, as the agents write it (``Agent._record``,
-# ``Agent._failure``, ``request_stop``, ``Agent._finish``). Every agent reads every key each
+# What each key must hold to be acted on, as the agents write it (``LocalRanks.record``,
+# ``Judge.failure``, ``request_stop``, ``Ending.finish``). Every agent reads every key each
 # round: a value of another shape (a store client that is not an agent) is ignored, and named
 # once in the host's log, instead of raising in the supervision loop.
 RANK_NUMBERS = (*COUNTS, *NUMBERS, "live_age", "progress_age")  # ranks.rank_views

@@ -144,3 +144,13 @@ def test_the_store_s_host_lost_fails_over_only_with_enough_hosts_left(
     if refusal:
         assert agent.standing.failure["reason"] == f"{STORE_LOST['reason']}; {refusal}"
         assert agent.standing.failure["host"] == "h0"
+
+
+def test_the_agent_is_built_of_parts_that_hold_no_reference_to_it(scripted):
+    """No mixins: each part holds its own state and collaborators, never the agent itself (its
+    say() is the one callable of the agent's they get)."""
+    agent, _ = scripted(0)
+    assert Agent.__bases__ == (object,)
+    parts = (agent.judge, agent.starts, agent.lead, agent.failover, agent.regrow, agent.ending)
+    for part in parts:
+        assert all(held is not agent for held in vars(part).values()), part
