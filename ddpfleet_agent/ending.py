@@ -1,12 +1,12 @@
 """How an agent reports its run: progress.json while it runs; at the end its exit record, the
 run's summary, the final progress and the report.
 
-``Ending``: node rank 0's agent rewrites progress.json every
-PROGRESS_EVERY s while the run goes; every host's agent reports its exit (store and
-``nodes/<host>.exit.json``) and, where it judged a failure, the cause; node rank 0's agent then
-waits for the others' exits, writes summary.json's outcome, the report of a completed run and
-the final progress.json that train.yml's follower waits for. A host cut off from node rank 0
-writes the cause itself if nobody else did.
+``Ending``: node rank 0's agent rewrites progress.json every PROGRESS_EVERY s while the run
+goes; every host's agent reports its exit (store and ``nodes/<host>.exit.json``) and, where it
+judged a failure, the cause; node rank 0's agent then waits for the others' exits, writes
+summary.json's outcome, the report of a completed run and the final progress.json that
+train.yml's follower waits for. A host cut off from node rank 0 writes the cause itself if
+nobody else did.
 """
 
 from __future__ import annotations

@@ -131,8 +131,7 @@ def rank_views(beats: dict[int, dict], now: float) -> list[dict]:
 class LocalRanks:
     """Runs the command in its own session and reports on it; never blocks the caller."""
 
-    def __init__(self, command: list[str], heartbeat_dir: Path, sink: Callable[[str], None]):
-        self.command = command
+    def __init__(self, heartbeat_dir: Path, sink: Callable[[str], None]):
         self.heartbeat_dir = heartbeat_dir
         self.sink = sink
         self.proc: subprocess.Popen[bytes] | None = None
@@ -141,12 +140,12 @@ class LocalRanks:
         self.beats: dict[int, dict] = {}  # as the last record() read them
         self._pump: threading.Thread | None = None
 
-    def start(self, env: dict[str, str]) -> None:
+    def start(self, command: list[str], env: dict[str, str]) -> None:
         self.heartbeat_dir.mkdir(parents=True, exist_ok=True)
         env = {**env, "DDPFLEET_HEARTBEAT_DIR": str(self.heartbeat_dir)}
         self.started = time.time()
         self.proc = subprocess.Popen(
-            self.command,
+            command,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -4,16 +4,15 @@ and new shares of the global batch for a host that became slow (``--rebalance``)
 ``Lead`` is node rank 0's watch for both, ``Regrow`` every member's way back. A host left out
 (cut off, or its agent judged gone) keeps its agent: its ranks are ended, and it tries the
 run's store every few seconds. A host whose agent was started again (its container restarted,
-or relaunched by a re-run of train.yml) does the same from its start: the store already has
-its keepalive.
-Once it reaches it, it asks to come back (``membership.ask_to_join``). Node rank 0's agent
-waits for the next checkpoint the ranks write (their heartbeat's ``saved`` step; not the one
-after the run's last step: the run is ending, the host is not taken back), then ends the
+or relaunched by a re-run of train.yml) does the same from its start: the store already has its
+keepalive. Once it reaches it, it asks to come back (``membership.ask_to_join``). Node rank 0's
+agent waits for the next checkpoint the ranks write (their heartbeat's ``saved`` step; not the
+one after the run's last step: the run is ending, the host is not taken back), then ends the
 generation with a claimed failure marked ``regrow`` (no forensics: nothing failed): every
 member kills its ranks, node rank 0 tells the host which generation it joins, and all regroup
-and restart from that checkpoint with it, at the run's first world size again. A host that
-gets no answer gives up when the store refuses (node rank 0's agent has ended: the run is
-over), when the run directory says the run ended, at the run's max_runtime, or on a stop.
+and restart from that checkpoint with it, at the run's first world size again. A host that gets
+no answer gives up when the store refuses (node rank 0's agent has ended: the run is over),
+when the run directory says the run ended, at the run's max_runtime, or on a stop.
 """
 
 from __future__ import annotations

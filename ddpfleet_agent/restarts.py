@@ -114,9 +114,7 @@ class Starts:
             env[RESTART_ENV] = str(self.peers.generation)
         world = cfg.nproc * len(members) if cfg.world_size else None
         master = self.peers.address(members[0]) if cfg.addresses else None
-        self.ranks.command = regrouped(
-            cfg.command, len(members), members.index(cfg.node_rank), master
-        )
+        command = regrouped(cfg.command, len(members), members.index(cfg.node_rank), master)
         if len(members) < len(cfg.hosts):
             kept = [n * cfg.nproc + local for n in members for local in range(cfg.nproc)]
             env[FULL_WORLD_ENV], env[KEPT_RANKS_ENV] = str(cfg.world_size), ",".join(map(str, kept))
@@ -126,7 +124,7 @@ class Starts:
         if self.weights:  # new shares (regrow.py): a weight per global rank of the first world
             env[WEIGHTS_ENV] = ",".join(f"{self.weights.get(h, 1.0):g}" for h in cfg.hosts
                                         for _ in range(cfg.nproc))  # fmt: skip
-        self.ranks.start(env)
+        self.ranks.start(command, env)
         why = None if cause is None else cause_line(cfg.run_id, cause)
         if cause and cause.get("regrow"):  # the step: once the ranks say it (track)
             back = ", ".join(cfg.hosts[n] for n in cause["regrow"])

@@ -36,7 +36,7 @@ class Agent:
         env = dict(os.environ) if child_env is None else child_env
         self.records = Records(cfg.run_dir, cfg.host, cfg.fallback_dir, cfg.storage_timeout)
         hb_dir = Path(tempfile.mkdtemp(prefix="ddpfleet-heartbeat-"))
-        self.ranks = LocalRanks(cfg.command, hb_dir, self.records.log)
+        self.ranks = LocalRanks(hb_dir, self.records.log)
         self.peers = peers = Peers(cfg, self.say)
         self.judge = Judge(cfg, peers, self.ranks)
         ranks, records, say = self.ranks, self.records, self.say
@@ -124,26 +124,25 @@ class Agent:
 
     def _facts(self, outcome: str) -> Facts:
         """What the machine decides from: this agent's signals, store, config and restarts."""
-        cfg, now = self.cfg, self.standing
-        return Facts(outcome=outcome, signalled=bool(self.signum), store_ok=now.store_ok,
-                     left_out=now.left_out, node_rank=cfg.node_rank,
+        cfg, standing = self.cfg, self.standing
+        return Facts(outcome=outcome, signalled=bool(self.signum), store_ok=standing.store_ok,
+                     left_out=standing.left_out, node_rank=cfg.node_rank,
                      can_fail_over=cfg.can_fail_over, takes_hosts_back=cfg.takes_hosts_back,
                      restarts=cfg.restarts, earlier=tuple(self.starts.causes),
                      members=len(self.peers.members), min_hosts=cfg.min_hosts)  # fmt: skip
 
     def _carry_out(self, do: Do) -> bool:
         """One of the machine's actions, by its adapter: True when this host's ranks run (again)."""
-        now = self.standing
+        standing = self.standing
         if do.action is Action.REFUSE:  # why the failed run was not restarted
-            cause = now.failure or {}
-            self.standing = replace(
-                now, failure={**cause, "reason": f"{cause.get('reason')}; {do.text}"}
-            )
+            cause = standing.failure or {}
+            reason = f"{cause.get('reason')}; {do.text}"
+            self.standing = replace(standing, failure={**cause, "reason": reason})
         elif do.action is Action.LEAVE:  # not in the run's generation until it is let back
-            self.standing = replace(now, left_out=True)
+            self.standing = replace(standing, left_out=True)
         elif do.action is Action.CLAIM:
             mine = self.judge.failure(self.cfg.node_rank, do.text)
-            self.standing = claim(self.peers, now, mine)
+            self.standing = claim(self.peers, standing, mine)
         elif do.action is Action.START:
             self.starts.start()
             self.lead.restarted()
@@ -153,8 +152,8 @@ class Agent:
             again = do.text == "again"
             heal = {Action.FAIL_OVER: self.failover.failed_over,
                     Action.RESTART: self.starts.restarted, Action.REGROW: self.regrow.regrown,
-                    Action.REJOIN: lambda now: self.regrow.rejoined(now, again)}  # fmt: skip
-            started, self.standing = heal[do.action](now)
+                    Action.REJOIN: lambda at: self.regrow.rejoined(at, again)}  # fmt: skip
+            started, self.standing = heal[do.action](standing)
             if started:
                 self.lead.restarted()
             return started

@@ -24,7 +24,7 @@ def lead(tmp_path, monkeypatch):
         "--node-rank", "0", "--store", "127.0.0.1:1", "--attempt", "a1", "--key-file", "k",
         "--world-size", "3", "--", "true"]))  # fmt: skip
     started: list[dict] = []
-    agent.ranks.start = lambda env: started.append(dict(env))
+    agent.ranks.start = lambda command, env: started.append(dict(env))
     agent.peers.members = [0, 1, 2]
     agent.started = started
     agent.starts.start()

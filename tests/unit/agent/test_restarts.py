@@ -243,7 +243,7 @@ def test_a_host_taken_back_is_said_to_rejoin_at_the_checkpoint_its_restart_resum
         "--run-dir", str(tmp_path), "--run-id", "t1", "--hosts", "h0,h1,h2", "--host", "h0",
         "--node-rank", "0", "--store", "127.0.0.1:1", "--attempt", "a1", "--key-file", "k",
         "--min-hosts", "2", "--", "true"]))  # fmt: skip
-    agent.ranks.start = lambda env: None
+    agent.ranks.start = lambda command, env: None
     agent.peers.members = [0, 1, 2]
     back = _Lead(saved=15, total=400).regrow_after(20)
     assert back["reason"] == "h2 back after the checkpoint of step 20"
