@@ -79,11 +79,15 @@ class Ending:
         """The shared storage did not answer a read or take this host's records: the host-local
         fallback's exit record names it as the cause (status.yml shows it, the storage gone)."""
         cfg = self.cfg
-        storage = f"the shared storage did not answer within {cfg.storage_timeout:g} s"
-        storage = f"{storage} ({cfg.run_dir})"
+        storage = (
+            f"the shared storage did not answer within {cfg.storage_timeout:g} s ({cfg.run_dir})"
+        )
         print(f"ddpfleet agent: {cfg.host}: {storage}", flush=True)
-        what = f"run {cfg.run_id} {exit_rec['outcome']}"
-        what = cause_line(cfg.run_id, failure) if failure else what
+        what = (
+            cause_line(cfg.run_id, failure)
+            if failure
+            else f"run {cfg.run_id} {exit_rec['outcome']}"
+        )
         self.records.write_local_exit({**exit_rec, "storage": storage,
                                        "cause": f"{storage}; {what}"})  # fmt: skip
 

@@ -103,8 +103,9 @@ class Judge:
         silent = self.peers.silent(now, cfg.peer_timeout)
         gone = failures.host_problem(silent, members, cfg.node_rank, cfg.peer_timeout)
         # this host serves the store, and another may take over with enough hosts left
-        steps_down = self.peers.leads and cfg.can_fail_over
-        if gone and gone[0] == cfg.node_rank and steps_down and members - 1 >= cfg.min_hosts:
+        short = failures.too_few(members - 1, cfg.min_hosts)
+        steps_down = self.peers.leads and cfg.can_fail_over and not short
+        if gone and gone[0] == cfg.node_rank and steps_down:
             return {**self.failure(gone[0], gone[1]), "cut_off": True}
         beats = rank_views(self.ranks.heartbeats(), now)
         frozen = failures.rank_problem(beats, beat, cfg.stop_timeout)

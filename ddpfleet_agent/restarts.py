@@ -224,7 +224,7 @@ class Starts:
             with contextlib.suppress(OSError):
                 old.unlink()
         if self.attempts:
-            self.attempts[-1]["ended"] = time.time()
+            self.ended(time.time())
         self.weights = weights or self.weights
         self.start(cause)
         return True, replace(standing, failure=None, diagnosis=None)
