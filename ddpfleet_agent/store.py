@@ -1,34 +1,27 @@
 """The run's key-value store, which the hosts' agents share (peers.py): node rank 0's agent
-serves it on ``--store``, every agent (node rank 0's too) is a client. Standard library only.
+serves it on ``--store``, every agent (its own too) is a client. Standard library only: it
+replaced torch's c10d TCPStore, whose import cost an agent ~2.2 CPU-s and ~630 MB before it
+could start its command, and made a user's image need torch for the agent alone. Its five calls
+keep c10d's meaning, but ``get`` answers None for a missing key (the agents ``check`` first).
 
-It replaced torch's c10d TCPStore, whose import was most of an agent's start: ~2.2 CPU-s and
-~630 MB resident before the agent could start its command, on every host of every launch
-(2-core AMD EPYC, 2026-12-01), and a user's image needed torch for the agent alone. The five
-calls the agents make keep c10d's meaning: ``set``, ``get``, ``check``, ``compare_set`` and
-``delete_key``; ``get`` answers None for a missing key where c10d waits for it (the agents
-always ``check`` first).
-
-Wire (frames.py): a request and its answer are each one frame of a JSON object; values travel
-base64-coded, so a client may store any bytes. A frame the server cannot read closes the
-connection; a request it cannot apply is answered with ``error`` (``StoreError`` on the
-client). The store takes any client on the cluster network, as c10d's did, within bounds:
-``MAX_CONNECTIONS`` at once (one more is closed at once), frames.py's on each frame and
-store_data.py's on memory. Node rank 0's agent serves it with wire.admits: the agents' keys
-only, and values sealed with the run's secret for this launch, so a stray client cannot fill it.
+A request and its answer are each one frame (frames.py) of a JSON object, values base64-coded.
+A frame the server cannot read closes the connection; a request it cannot apply is answered
+with ``error`` (``StoreError``). Any client on the cluster network may connect, within bounds:
+``MAX_CONNECTIONS`` at once, frames.py's on each frame, store_data.py's on memory, and (node
+rank 0's agent) wire.admits: the agents' keys only, with values sealed for this launch.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
 import socketserver
 import threading
 import time
 
 from ddpfleet_agent.frames import MAX_FRAME, Budget, Hangup, receive, recv_frame, send_frame
-from ddpfleet_agent.store_data import Admits, Data, StoreError
-from ddpfleet_agent.store_data import decode as _decode
-from ddpfleet_agent.store_data import encode as _encode
+from ddpfleet_agent.store_data import Admits, Data, StoreError, decode, encode
 
 __all__ = ["MAX_FRAME", "StoreClient", "StoreError", "StoreServer", "server_class"]
 
@@ -39,15 +32,11 @@ CONNECT_RETRY_S = 0.2  # between attempts while the server is not up yet (or not
 MAX_CONNECTIONS = 256
 
 
-def _bytes(value: bytes | str) -> bytes:
-    return value.encode() if isinstance(value, str) else value
-
-
 class _Handler(socketserver.BaseRequestHandler):
     server: _Server
 
     def handle(self) -> None:
-        with contextlib.suppress(OSError):  # ConnectionError and timeouts too: the client goes
+        with contextlib.suppress(OSError):  # timeouts too: the client goes
             while True:
                 req = receive(self.request, self.server.budget)
                 try:
@@ -95,14 +84,12 @@ class StoreServer:
     daemon thread of this process; OSError when the address cannot be bound."""
 
     def __init__(self, host: str, port: int, admits: Admits | None = None):
-        """``admits``: why the server refuses a request (store_data.Admits)."""
-        self._server = server_class(_Server, host, port)((host, port), _Handler)
-        self._server.data, self._server.budget = Data(admits), Budget()
-        self._server.lock = threading.Lock()
-        self._server.connections = set()
-        self.port = self._server.server_address[1]
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
-                         daemon=True, name="store").start()  # fmt: skip
+        server = self._server = server_class(_Server, host, port)((host, port), _Handler)
+        server.data, server.budget, server.lock = Data(admits), Budget(), threading.Lock()
+        server.connections = set()
+        self.port = server.server_address[1]
+        serve = functools.partial(server.serve_forever, poll_interval=0.1)
+        threading.Thread(target=serve, daemon=True, name="store").start()
 
     def close(self) -> None:
         """Stop serving: the listening socket and every client's connection close."""
@@ -115,12 +102,10 @@ class StoreServer:
 
 
 class StoreClient:
-    """One connection to the store. Connecting tries again until ``timeout`` s have passed
-    (the server's agent may not have started yet), then raises ConnectionError; each call
-    waits at most ``timeout`` s for its answer (socket.timeout, an OSError, after that). A
-    call raises OSError when the connection fails and StoreError when the server refuses it.
-    A connection the server closed before reading a call (idle for frames.IDLE_S) is opened
-    again once, at once, for that call. Calls from several threads take turns."""
+    """One connection to the store, from threads in turn. Connecting retries for ``timeout`` s
+    (the server may not be up yet), then raises ConnectionError; a call waits ``timeout`` s
+    for its answer, raises OSError when the connection fails and StoreError when refused. A
+    connection the server closed unread (idle for frames.IDLE_S) is opened again once."""
 
     def __init__(self, host: str, port: int, timeout: float):
         self._where, self._timeout, self._closed = (host, port), timeout, False
@@ -162,19 +147,19 @@ class StoreClient:
         return answer
 
     def set(self, key: str, value: bytes | str) -> None:
-        self._ask({"op": "set", "key": key, "value": _encode(_bytes(value))})
+        self._ask({"op": "set", "key": key, "value": encode(value)})
 
     def get(self, key: str) -> bytes | None:
         value = self._ask({"op": "get", "key": key}).get("value")
-        return None if value is None else _decode(value)
+        return None if value is None else decode(value)
 
     def check(self, keys: list[str]) -> bool:
         return bool(self._ask({"op": "check", "keys": keys}).get("found"))
 
     def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
-        old, new = _encode(_bytes(expected)), _encode(_bytes(desired))
+        old, new = encode(expected), encode(desired)
         answer = self._ask({"op": "compare_set", "key": key, "expected": old, "desired": new})
-        return _decode(answer.get("value"))
+        return decode(answer.get("value"))
 
     def delete_key(self, key: str) -> bool:
         return bool(self._ask({"op": "delete_key", "key": key}).get("deleted"))

@@ -1,17 +1,15 @@
-"""The keys and values of the agents' store (store.py), and what they cost the serving process.
+"""The keys and values of the agents' store (store.py), and the memory they take.
 
-The store holds at most ``MAX_BYTES`` of memory in keys and values, counted as Python holds
-them: each entry's key and value objects (``sys.getsizeof``) and its share of the dictionary
-(``ENTRY``), not only their bytes (~90 bytes an entry short before). Replacing a value with one
-no larger always succeeds, so a full store never refuses an agent's rewrite of its own key. A
-server given ``admits`` (wire.admits: the agents' key patterns, values sealed for the launch)
-refuses what it does not take, so a client without the run's secret cannot fill it at all.
+At most ``MAX_BYTES`` in all, counted as Python holds them: each entry's key and value objects
+(``sys.getsizeof``) and its share of the dictionary (``ENTRY``). Replacing a value with one no
+larger always succeeds: a full store never refuses an agent's rewrite of its own key. A server
+given ``admits`` (wire.admits) refuses what it does not take, so a client without the run's
+secret cannot fill it.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import sys
 import threading
 from collections.abc import Callable
@@ -29,16 +27,17 @@ class StoreError(RuntimeError):
     """The server refused the request (its ``error``)."""
 
 
-def encode(value: bytes | None) -> str | None:
+def encode(value: bytes | str | None) -> str | None:
+    if isinstance(value, str):
+        value = value.encode()
     return None if value is None else base64.b64encode(value).decode("ascii")
 
 
 def decode(text: object) -> bytes:
-    if not isinstance(text, str):
-        raise StoreError("a value must be a base64 string")
+    """``text`` as JSON gave it: TypeError when not a string (JSON gives no bytes)."""
     try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
+        return base64.b64decode(text, validate=True)  # type: ignore[arg-type]
+    except (ValueError, TypeError):  # binascii.Error is a ValueError, as is non-ASCII text
         raise StoreError("a value must be a base64 string") from None
 
 
@@ -56,45 +55,37 @@ class Data:
         self.lock = threading.Lock()
         self.admits = admits
 
-    def _put(self, key: str, value: bytes) -> None:
-        old = self.values.get(key)
-        grown = cost(key, value) - (cost(key, old) if old is not None else 0)
-        if grown > 0 and self.size + grown > MAX_BYTES:
-            raise StoreError(f"the store is full ({MAX_BYTES} bytes)")
-        self.values[key] = value
-        self.size += grown
-
     def apply(self, req: dict) -> dict:
         op = req.get("op")
         keys = req.get("keys") if op == "check" else [req.get("key")]
-        named = isinstance(keys, list) and all(isinstance(k, str) and k for k in keys)
-        if not (keys and named):
+        if not (keys and isinstance(keys, list) and all(isinstance(k, str) and k for k in keys)):
             raise StoreError("keys must be non-empty strings")
         key, value = keys[0], None
         if op in ("set", "compare_set"):
             value = decode(req.get("value" if op == "set" else "desired"))
         # checked before the lock: a MAC over a value of up to 1 MiB keeps no other call waiting
-        refused = [why for k in keys if self.admits and (why := self.admits(str(op), k, value))]
-        if refused:
-            raise StoreError(refused[0])
+        for k in keys:
+            if self.admits and (why := self.admits(str(op), k, value)):
+                raise StoreError(why)
         with self.lock:
-            if op == "set" and value is not None:
-                self._put(key, value)
-                return {}
+            current = self.values.get(key)
             if op == "get":
-                return {"value": encode(self.values.get(key))}
+                return {"value": encode(current)}
             if op == "check":
                 return {"found": all(k in self.values for k in keys)}
-            if op == "compare_set" and value is not None:
-                # c10d's meaning: a missing key counts as the empty value only
-                expected, current = decode(req.get("expected")), self.values.get(key)
-                if current == expected or (current is None and not expected):
-                    self._put(key, value)
-                    return {"value": encode(value)}
-                return {"value": encode(current if current is not None else expected)}
             if op == "delete_key":
-                old = self.values.pop(key, None)
-                if old is not None:
-                    self.size -= cost(key, old)
-                return {"deleted": old is not None}
-        raise StoreError(f"unknown op {op!r}")
+                if current is not None:
+                    self.size -= cost(key, self.values.pop(key))
+                return {"deleted": current is not None}
+            if op == "compare_set":
+                # c10d's meaning: a missing key counts as the empty value only
+                expected = decode(req.get("expected"))
+                if current != expected and (current is not None or expected):
+                    return {"value": encode(current if current is not None else expected)}
+            if value is None:
+                raise StoreError(f"unknown op {op!r}")
+            grown = cost(key, value) - (cost(key, current) if current is not None else 0)
+            if grown > 0 and self.size + grown > MAX_BYTES:
+                raise StoreError(f"the store is full ({MAX_BYTES} bytes)")
+            self.values[key], self.size = value, self.size + grown
+            return {} if op == "set" else {"value": encode(value)}
