@@ -1,6 +1,6 @@
 """The agents' store's wire (store.py): a request and its answer are each one frame, a 4-byte
-big-endian length and that many bytes of a JSON object. What the server reads from a client is
-bounded in time and in memory; what a client reads comes from the run's own store."""
+big-endian length and a JSON object. What the server reads from a client is bounded in time and
+memory; what a client reads comes from the run's own store."""
 
 from __future__ import annotations
 
@@ -10,16 +10,12 @@ import threading
 import time
 
 MAX_FRAME = 4 << 20  # bytes of one request or answer (compare_set: two values of 1 MiB, base64)
-# Bounds on what a client holds of the serving agent. Agents call every tick (0.5 s) while
-# running; a longer pause (forensics, regrouping, a host asking to come back) finds its
-# connection closed after IDLE_S and opens a new one on its next call (store.StoreClient), so
-# IDLE_S only bounds how long a silent client holds one of the store's connections. An
-# agent's frame is one sendall of at most ~100 KB (a 64-rank host's forensics record): 10 s is
-# ample even on a loaded link, and bounds how long a half-sent frame holds memory. Frames up to
-# SMALL are read without a budget (store.MAX_CONNECTIONS x SMALL = 32 MiB at most); the bytes of
-# larger ones beyond SMALL, all connections together, are at most MAX_PENDING (a connection that
-# would pass it is closed), so a client announcing 4 MiB and sending slowly holds only what it
-# sent, and an agent's own frames (under SMALL) never wait on that budget.
+# What a client holds of the serving agent. A connection silent for IDLE_S is closed: agents
+# call every tick (0.5 s), and after a longer pause open a new one (store.StoreClient). A frame
+# is received within FRAME_S of its first byte: an agent's is one sendall of ~100 KB at most.
+# Frames up to SMALL are read freely (x store.MAX_CONNECTIONS = 32 MiB); the bytes of larger
+# ones past SMALL, all connections together, stay within MAX_PENDING (the connection that would
+# pass it is closed), held as they arrive: an agent's own frames never wait on that budget.
 IDLE_S = 30.0
 FRAME_S = 10.0
 SMALL = 128 << 10
@@ -58,8 +54,7 @@ def _message(data: bytes) -> dict:
 
 def recv_frame(sock: socket.socket) -> dict:
     """An answer from the store (Hangup: the connection closed before it began)."""
-    head = _exactly(sock, 1)
-    size = int.from_bytes(head + _exactly(sock, 3), "big")
+    size = int.from_bytes(_exactly(sock, 4), "big")
     if size > MAX_FRAME:
         raise ConnectionError(f"a frame of {size} bytes (at most {MAX_FRAME})")
     return _message(_exactly(sock, size))
@@ -69,18 +64,14 @@ class Budget:
     """Bytes of large frames being received, all connections together (MAX_PENDING)."""
 
     def __init__(self) -> None:
-        self.held = 0
-        self.lock = threading.Lock()
+        self.held, self.lock = 0, threading.Lock()
 
     def take(self, size: int) -> None:
+        """``size`` bytes more held (negative: given back); ConnectionError past MAX_PENDING."""
         with self.lock:
-            if self.held + size > MAX_PENDING:
+            if size > 0 and self.held + size > MAX_PENDING:
                 raise ConnectionError("too many bytes of frames being received")
             self.held += size
-
-    def give(self, size: int) -> None:
-        with self.lock:
-            self.held -= size
 
 
 def receive(sock: socket.socket, budget: Budget) -> dict:
@@ -108,4 +99,4 @@ def receive(sock: socket.socket, budget: Budget) -> dict:
                 raise TimeoutError(f"a frame not received within {FRAME_S:g}s")
         return _message(bytes(buf[4:]))
     finally:
-        budget.give(taken)
+        budget.take(-taken)

@@ -1,19 +1,14 @@
-"""What the agents put in their store: the shape each key must have to be acted on, and the
-seal that proves an agent of this run wrote it (``ddpfleet_agent.peers`` reads and writes them).
+"""What the agents put in their store (peers.py reads and writes it): the shape each key must
+have to be acted on, and the seal that proves an agent of this launch wrote it.
 
-A value is ``{"mac": <hex>, "v": <the JSON value>}``, the MAC being HMAC-SHA256 over the key's
-name, a newline and the value's JSON with sorted keys, under the launch's key: the run's secret
-(``agent.key``) bound to the launch (``launch_key``), so a value copied from an earlier launch does
-not pass in this one. A generation's keys end in ``@<g>`` (peers.py): the MAC covers the
-generation through the name. A value is read only when it is at most ``MAX_VALUE`` bytes, has
-that layout and its MAC matches, all checked before its JSON is parsed: what fails, for any
-reason, is not a value (None).
+A value is ``{"mac": <hex>, "v": <the JSON value>}``: HMAC-SHA256 over the key's name, a newline
+and the value's sorted JSON, under the run's secret bound to the launch (``launch_key``), so an
+earlier launch's value, or another generation's (``@<g>`` in the name), does not pass. Size,
+layout and MAC are checked before the JSON is parsed; what fails, for any reason, is None.
 
-The store's server (node rank 0's agent) takes only this: ``admits`` refuses a key of another
-pattern than ``KEY`` (derived from ``SHAPES``: a key kind added there is accepted here), a
-delete of a key agents do not delete (one they wait for), and a value not sealed for its key,
-so a client without the secret can neither fill the store nor put anything in it an agent
-would read, nor take away what the agents wait for.
+The store's server (node rank 0's agent) takes only this (``admits``): keys of ``KEY`` (derived
+from ``SHAPES``), deletes of the keys agents delete (none they wait for), sealed values: a client
+without the secret can neither fill the store, nor plant a value, nor take one away.
 """
 
 from __future__ import annotations
@@ -26,10 +21,8 @@ from collections.abc import Callable
 
 from ddpfleet_agent.ranks import COUNTS, NUMBERS, number
 
-# What each key must hold to be acted on, as the agents write it (``LocalRanks.record``,
-# ``Judge.failure``, ``request_stop``, ``Ending.finish``). Every agent reads every key each
-# round: a value of another shape (a store client that is not an agent) is ignored, and named
-# once in the host's log, instead of raising in the supervision loop.
+# What each key must hold to be acted on, as the agents write it: a value of another shape is
+# ignored, and named once in the host's log, instead of raising in the supervision loop.
 RANK_NUMBERS = (*COUNTS, *NUMBERS, "live_age", "progress_age")  # ranks.rank_views
 
 
@@ -43,10 +36,9 @@ def _text(value: object) -> bool:
 
 def _weights(value: object) -> bool:
     """None, or each host's weight of the global batch (regrow.py): positive numbers."""
-    if value is None:
-        return True
-    return isinstance(value, dict) and all(
-        isinstance(h, str) and number(w) is not None and w > 0 for h, w in value.items()
+    return value is None or (
+        isinstance(value, dict)
+        and all(isinstance(h, str) and number(w) is not None and w > 0 for h, w in value.items())
     )
 
 
@@ -96,18 +88,15 @@ SHAPES: dict[str, Callable[[dict], bool]] = {
 # kind has them. Digits bounded: 5 for a node rank, 6 for a generation (restarts).
 KEY = re.compile(rf"(?:{'|'.join(map(re.escape, SHAPES))})(?:/[0-9]{{1,5}})?(?:@[0-9]{{1,6}})?")
 
-# A raw value's size cap, checked before anything else: the largest value agents write is a
-# host's ``dumped/<n>`` or ``ranks/<n>`` of 64 ranks, ~58 KB and ~26 KB sealed with every field
-# at its longest (test_wire.py); 1 MiB leaves room for ~1000 ranks a host.
+# A raw value's size cap, checked first: the largest value agents write, a 64-rank host's
+# ``dumped/<n>``, is ~58 KB at its longest (test_wire.py); 1 MiB: ~1000 ranks a host.
 MAX_VALUE = 1 << 20
 DELETED = ("join/",)  # the only keys agents delete: a request answered (membership.welcome)
-_HEAD, _MID, _TAIL = b'{"mac": "', b'", "v": ', b"}"  # seal()'s layout around MAC and value
-_MAC_HEX = 64
+_SEALED = re.compile(rb'\{"mac": "(.{64})", "v": (.*)\}', re.DOTALL)  # seal()'s layout
 
 
 def launch_key(secret: bytes, launch: str) -> bytes:
-    """The key values of one launch (``--attempt``) are sealed under: the run's secret bound to
-    it, so that a value of another launch fails the check in this one."""
+    """The key the values of one launch (``--attempt``) are sealed under."""
     return hmac.new(secret, f"ddpfleet launch\n{launch}".encode(), hashlib.sha256).digest()
 
 
@@ -127,13 +116,10 @@ def _body(key: bytes, name: str, raw: bytes | str) -> bytes | None:
     data = raw.encode() if isinstance(raw, str) else raw
     if not isinstance(data, bytes) or len(data) > MAX_VALUE:
         return None
-    start = len(_HEAD) + _MAC_HEX + len(_MID)
-    if not (data.startswith(_HEAD) and data.endswith(_TAIL) and len(data) > start):
+    sealed = _SEALED.fullmatch(data)
+    if sealed is None or not hmac.compare_digest(_mac(key, name, sealed[2]), sealed[1]):
         return None
-    mac, body = data[len(_HEAD) : len(_HEAD) + _MAC_HEX], data[start : -len(_TAIL)]
-    if data[len(_HEAD) + _MAC_HEX : start] != _MID:
-        return None
-    return body if hmac.compare_digest(_mac(key, name, body), mac) else None
+    return sealed[2]
 
 
 def unseal(key: bytes, name: str, raw: bytes | str) -> dict | None:
