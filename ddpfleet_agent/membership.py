@@ -1,29 +1,29 @@
-"""Who is in the run: the hosts' regrouping at a restart, a host left out, a host taken back.
+"""The agent's connection to the run's store, and who is in the run: the base of peers.Peers.
 
-The half of ``peers.Peers`` that changes ``members`` (this generation's node ranks). At each
-restart every agent says it is ready (``ready/<n>@<g>``); the store's host decides who starts
-the next generation: those ready in time (``members@<g>``). A host left out that reaches the
-store again asks to come back (``join/<n>``, naming the last generation it was in, so that a
-copied request is not taken); the store's host lets it in at the next checkpoint: it ends the
-generation (a claimed failure marked ``regrow``), tells the host which generation it joins
-and with whom (``welcome/<n>``), and the hosts regroup with it. Values are sealed (peers.py).
+Every call to the store waits at most ``peer_timeout`` (``_guarded``); a store that fails is
+``StoreLost``. A value read is sealed for its key (wire.py) and has the shape agents write, or
+it is ignored and named once in the host's log.
+
+``members`` are this generation's node ranks. At each restart every agent says it is ready
+(``ready/<n>@<g>``); the store's host decides who starts the next generation: those ready in
+time (``members@<g>``). A host left out that reaches the store again asks to come back
+(``join/<n>``, naming the last generation it was in, so that a copied request is not taken); the
+store's host lets it in at the next checkpoint: it ends the generation (a claimed failure marked
+``regrow``), tells the host which generation it joins and with whom (``welcome/<n>``), and the
+hosts regroup with it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import socket
+import re
+import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from ddpfleet_agent.store import StoreClient
-
-if TYPE_CHECKING:
-    from ddpfleet_agent.cli import AgentConfig
-    from ddpfleet_agent.store import StoreServer
-
-PROBE_S = 2.0  # how long a host looking for the run's store waits for one host's answer
+from ddpfleet_agent.cli import AgentConfig
+from ddpfleet_agent.store import StoreClient, StoreError, StoreServer
+from ddpfleet_agent.wire import SHAPES, admits, seal, unseal
 
 
 class StoreLost(RuntimeError):
@@ -34,30 +34,122 @@ class StoreGone(StoreLost):
     """The store refuses connections: node rank 0's agent has ended, and the run with it."""
 
 
+def _lost(exc: BaseException) -> StoreLost:
+    return StoreLost(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+
 class Membership:
-    cfg: AgentConfig
-    store: StoreClient | None
-    server: StoreServer | None
-    leader: int
-    leads: bool
-    address: Callable
-    _shaped: Callable
-    members: list[int]
-    taken_back: dict[int, int]
-    generation: int
-    views: dict[int, dict]
-    seen: dict[int, tuple[int, float]]
-    started: float
-    beats: int
-    _broken: str
-    # and, from Peers: _guarded(), _get(), _set(), _scoped(), _keepalive(), _call(), _open()
-    _guarded: Callable
-    _get: Callable
-    _set: Callable
-    _scoped: Callable
-    _keepalive: Callable
-    _call: Callable
-    _open: Callable
+    stores: Callable[[], dict[int, int]]  # Peers'
+
+    def __init__(self, cfg: AgentConfig, note: Callable[[str], None]):
+        """``note``: says a line once per key whose value is ignored (the agent's log)."""
+        self.cfg, self.note = cfg, note
+        self.store: StoreClient | None = None
+        self.server: StoreServer | None = None  # node rank 0's, once it serves
+        self.seen: dict[int, tuple[int, float]] = {}  # node -> (keepalive count, local time)
+        self.views: dict[int, dict] = {}
+        self.exits: dict[int, dict] = {}
+        self.started = time.time()
+        self._broken = ""
+        self.ignored: set[str] = set()  # keys whose value was ignored (said once each)
+        self.key = b""
+        self.beats = 0  # this host's keepalive count
+        self.generation = 0  # starts of the command before this one's (restarts.py)
+        self.members = list(range(len(cfg.hosts)))
+        self.taken_back: dict[int, int] = {}  # the store's host: host -> generation it was let into
+        self.leader = 0  # the node rank whose agent serves the store (failover.py); -1: unknown
+
+    @property
+    def leads(self) -> bool:
+        """This host's agent serves the run's store: it decides for the run and writes its
+        records (node rank 0's, until another host took over)."""
+        return self.leader == self.cfg.node_rank
+
+    def address(self, node: int) -> str:
+        """The cluster address of a host (node rank 0's is --store's without --addresses)."""
+        return self.cfg.addresses[node] if self.cfg.addresses else self.cfg.store_host
+
+    def _scoped(self, key: str) -> str:
+        """The key of this generation (the first one's have no suffix)."""
+        return f"{key}@{self.generation}" if self.generation else key
+
+    def _guarded(self, fn: Callable[[], object]) -> object:
+        """fn() on a daemon thread, waited for at most peer_timeout: a peer cut off by dropped
+        packets leaves a socket read blocked far longer than the store's own timeout (and a
+        daemon thread left blocked does not keep the agent from exiting)."""
+        if self._broken:
+            raise StoreLost(self._broken)
+        box: dict[str, object] = {}
+
+        def call() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # handed to the caller's thread below
+                box["error"] = exc
+
+        worker = threading.Thread(target=call, daemon=True, name="store")
+        worker.start()
+        worker.join(self.cfg.peer_timeout)
+        if worker.is_alive():
+            self._broken = f"no answer from the store for {self.cfg.peer_timeout:.0f}s"
+            raise StoreLost(self._broken)
+        if "error" in box:
+            raise box["error"]  # type: ignore[misc]
+        return box.get("value")
+
+    def _open(self) -> None:
+        """A new connection to the store (its host's agent: serve it first, once, with the
+        sealed ``leader`` record that tells a host looking for the run's store it is this)."""
+        host, port = self.address(self.leader), self.cfg.store_port
+        try:
+            if serve := self.leads and self.server is None:
+                self.server = StoreServer(host, port, admits(self.key))
+            if self.store is not None:
+                self.store.close()
+            self.store = StoreClient(host, port, self.cfg.peer_timeout)
+        except OSError as exc:
+            raise _lost(exc) from None
+        if serve:
+            self._set("leader", {"node": self.cfg.node_rank, "generation": self.generation})
+
+    def _call(self, op: str, *args):
+        """The store's ``op``; None when it refuses (said once per key)."""
+        if self.store is None:
+            raise StoreLost("not connected")
+        try:
+            return getattr(self.store, op)(*args)
+        except StoreError as exc:  # full, or a key refused: the run goes on without this write
+            if (said := f"refused {args[0]}") not in self.ignored:
+                self.ignored.add(said)
+                self.note(f"the store {said}: {exc}")
+            return None
+        except TimeoutError:  # the socket's, which may end the wait before _guarded's does
+            raise StoreLost(f"no answer from the store for {self.cfg.peer_timeout:.0f}s") from None
+        except (RuntimeError, OSError) as exc:
+            raise _lost(exc) from None
+
+    def _get(self, key: str) -> dict | None:
+        return self._shaped(key, self._call("get", key)) if self._call("check", [key]) else None
+
+    def _shaped(self, key: str, raw: bytes | str | None) -> dict | None:
+        """The value of key when it is sealed with the run's key and has the shape agents
+        write, else None (noted once)."""
+        value = unseal(self.key, key, raw) if raw else None
+        if value is not None and SHAPES[re.split("[/@]", key, maxsplit=1)[0]](value):
+            return value
+        if raw and key not in self.ignored:
+            why = "not signed with the run's key" if value is None else "not what an agent writes"
+            self.ignored.add(key)
+            self.note(f"ignored the store's {key}: {why} ({repr(raw)[:200]})")
+        return None
+
+    def _set(self, key: str, value: dict) -> None:
+        self._call("set", key, seal(self.key, key, value))
+
+    def _keepalive(self) -> None:
+        """This host's keepalive: a count that grows with each call (Peers.seen)."""
+        self.beats += 1
+        self._set(f"alive/{self.cfg.node_rank}", {"count": self.beats})
 
     def regroup(
         self, generation: int, within: float, left_out: list[int], joining: list[int] | None = None
@@ -89,32 +181,17 @@ class Membership:
             if time.time() > deadline + self.cfg.peer_timeout:
                 raise StoreLost(f"the store's host did not say who restarts within {within:.0f}s")
             time.sleep(self.cfg.tick)
-        now = time.time()  # the keepalives count again from here
+        now = self.started = time.time()  # the keepalives count again from here
         self.seen = {node: (count, now) for node, (count, _) in self.seen.items()}
-        self.started = now
-        self.members = list(said["nodes"])
-        return said
+        self.members = list(said["nodes"])  # type: ignore[index]
+        return said  # type: ignore[return-value]
 
     # --- a host left out, coming back -------------------------------------------------------
-    def ran_before(self) -> bool:
-        """This host's agent is new in a run an earlier agent of the host was part of (its
-        container was started again): the store has the host's keepalive. The keepalive count
-        goes on from that one (the others count a keepalive only when it grows), and an earlier
-        answer to this host (``welcome/<n>``) is one the next must be newer than."""
-        keys = (f"alive/{self.cfg.node_rank}", f"welcome/{self.cfg.node_rank}")
-        alive, welcome = self._guarded(lambda: [self._get(k) for k in keys])  # type: ignore[misc]
-        if alive is None:
-            return False
-        self.beats = int(alive["count"])
-        self.generation = int(welcome["generation"]) if welcome else 0
-        return True
-
     def reconnect(self) -> bool:
         """Connect to the run's store again (this host was cut off or left out, or its agent
         started again): the newest generation's of ``stores()``. False while none answers;
         StoreGone when every one refuses (the run is over)."""
-        found = self.stores()
-        if not found:
+        if not (found := self.stores()):
             return False
         self._drop()
         self.leader = max(found, key=lambda n: (found[n], -n))
@@ -124,127 +201,46 @@ class Membership:
             return False
         return True
 
-    def stores(self) -> dict[int, int]:
-        """The stores the other hosts serve (node rank 0's alone without ``--addresses``) that
-        hold a sealed ``leader`` record naming their own host: {node: its generation}.
-        StoreGone when every one refuses (no agent of the run serves a store)."""
-        found: dict[int, int] = {}
-        others = [n for n in range(len(self.cfg.hosts)) if n != self.cfg.node_rank]
-        candidates, refused = others if self.cfg.addresses else [0], 0
-        for node in candidates:
-            said = self._probe(node)
-            refused += said == "refused"
-            if isinstance(said, dict) and said["node"] == node:
-                found[node] = said["generation"]
-        if refused == len(candidates):
-            raise StoreGone(f"no host of the run serves its store (port {self.cfg.store_port})")
-        return found
-
-    def _probe(self, node: int) -> dict | str | None:
-        """The sealed ``leader`` record of the store at ``node``'s address; "refused" when
-        nothing listens there, None when it does not answer or holds none."""
-        address = (self.address(node), self.cfg.store_port)
-        wait = min(PROBE_S, self.cfg.peer_timeout)
-        try:
-            socket.create_connection(address, timeout=wait).close()
-        except ConnectionRefusedError:
-            return "refused"
-        except OSError:
-            return None
-        try:
-            client = StoreClient(*address, wait)
-        except OSError:
-            return None
-        try:
-            raw = client.get("leader") if client.check(["leader"]) else None
-        except (OSError, RuntimeError):
-            return None
-        finally:
-            client.close()
-        return self._shaped("leader", raw) if raw else None
-
     def _drop(self) -> None:
         """Close this agent's store (when it serves one) and its connection."""
-        if self.server is not None:
-            self.server.close()
-            self.server = None
-        if self.store is not None:
-            self.store.close()
-            self.store = None
+        for held in (self.server, self.store):
+            if held is not None:
+                held.close()
+        self.server = self.store = None
         self._broken = ""
 
-    # --- the store's host lost: another host takes over (failover.py) -----------------------
-    def take_over(self, generation: int) -> None:
-        """Serve the run's store from this host, from ``generation`` on."""
-        self._drop()
-        self.leader, self.generation = self.cfg.node_rank, generation
-        self._guarded(self._open)
-
-    def follow(self, node: int, within: float, lost: int) -> None:
-        """Connect to the store ``node``'s agent serves from now on (it took over), waiting up
-        to ``within`` s (it may still be ending its ranks); StoreLost when none comes, or once
-        ``lost``'s agent is found serving the run's store still: this host was the one cut
-        off, and it looks for the run as a host left out does."""
-        self._drop()
-        self.leader, deadline = node, time.monotonic() + within
-        while not isinstance(self._probe(node), dict):
-            if time.monotonic() > deadline:
-                raise StoreLost(f"no store at {self.address(node)} within {within:g}s")
-            said = self._probe(lost)
-            if isinstance(said, dict) and said["node"] == lost:
-                raise StoreLost(
-                    f"{self.cfg.hosts[lost]} serves the run's store: this host was cut off"
-                )
-            time.sleep(PROBE_S / 4)
-        try:
-            self.store = StoreClient(self.address(node), self.cfg.store_port, within)
-        except OSError as exc:
-            raise StoreLost(str(exc)) from None
-
-    def step_down(self) -> None:
-        """Stop serving the store: this host was cut off from every other, which go on under
-        another's; it looks for the run's store as any host left out does (``reconnect``)."""
-        self._drop()
-        self.leader = -1
-
     def ask_to_join(self) -> None:
-        key = f"join/{self.cfg.node_rank}"
         asked = {"host": self.cfg.host, "time": time.time(), "generation": self.generation}
-        self._guarded(lambda: self._set(key, asked))
+        self._guarded(lambda: self._set(f"join/{self.cfg.node_rank}", asked))
 
     def joins(self) -> list[int]:
-        """Node rank 0: the hosts left out that asked to come back since they were last let in."""
+        """Node rank 0: the hosts left out that asked to come back since they were last let in:
+        a request naming a generation not older than the host's last welcome, as this agent
+        wrote it or as the store has it (an older copy set over it does not count)."""
         out = [n for n in range(len(self.cfg.hosts)) if n not in self.members]
 
         def asked(n: int) -> bool:
-            """A request naming a generation not older than the host's last welcome: as this
-            agent wrote it, or as the store has it (an older copy set over it does not count)."""
             request, answer = self._get(f"join/{n}"), self._get(f"welcome/{n}") or {}
             last = max(self.taken_back.get(n, 0), answer.get("generation", 0))
             return request is not None and request["generation"] >= last
 
-        return self._guarded(lambda: [n for n in out if asked(n)])
+        return self._guarded(lambda: [n for n in out if asked(n)])  # type: ignore[return-value]
 
     def welcome(self, generation: int, joining: list[int], weights: dict | None = None) -> None:
         """Node rank 0: tell the hosts ``joining`` the generation they start with, with whom
         and the hosts' ``weights`` (regrow.py); their requests are answered."""
-        nodes = sorted({*self.members, *joining})
+        said = {"generation": generation, "nodes": sorted({*self.members, *joining})}
 
         def write() -> None:
             for n in joining:
                 self.taken_back[n] = generation
-                said = {"generation": generation, "nodes": nodes, "weights": weights}
-                self._set(f"welcome/{n}", said)
+                self._set(f"welcome/{n}", {**said, "weights": weights})
                 with contextlib.suppress(StoreLost):  # the answer counts; the request may stay
-                    self._call(self.store.delete_key, f"join/{n}")  # type: ignore[union-attr]
+                    self._call("delete_key", f"join/{n}")
 
         self._guarded(write)
 
     def welcomed(self) -> dict | None:
         """This host's answer, once node rank 0 let it back in: {generation, nodes}."""
         found = self._guarded(lambda: self._get(f"welcome/{self.cfg.node_rank}"))
-        return found if found and found["generation"] > self.generation else None
-
-    def run_over(self) -> bool:
-        """The store's host's agent has reported its exit: no generation is to come."""
-        return self._guarded(lambda: self._get(f"exit/{self.leader}")) is not None
+        return found if found and found["generation"] > self.generation else None  # type: ignore

@@ -1,96 +1,36 @@
 """The other hosts' agents, over the run's store (store.py, served by node rank 0's agent).
 
-Keys: ``alive/<n>`` keepalive count, ``ranks/<n>`` the host's rank views (with the failed
-exit it saw, ``cause``, once its command failed), ``failure`` the first failure claimed
+Keys: ``alive/<n>`` keepalive count, ``ranks/<n>`` the host's rank views (with the failed exit
+it saw, ``cause``, once its command failed), ``failure`` the first failure claimed
 (compare-and-set), ``stop`` a requested stop, ``exit/<n>`` how a host's command ended,
-``dumped/<n>`` the host's forensics record of a failed run (bundle.py), ``ready/<n>`` the host
-back from a failure and ready to restart. A run restarted in place (``--restarts``) is a new
-generation, of the hosts still in it (``members``: a host gone is left out when the run may
-shrink): its ``ranks``, ``failure``, ``dumped`` and ``ready`` keys end in ``@<generation>``
-(sealed under that name: an earlier generation's value does not pass for one of this), the
-keepalive, ``stop`` and ``exit`` keys are the run's. Ages are measured by each host on its own
-clock, so clocks need not agree.
+``dumped/<n>`` its forensics record of a failed run (bundle.py), ``ready/<n>`` the host back
+from a failure and ready to restart. A run restarted in place (``--restarts``) is a new
+generation, of the hosts still in it (membership.py): its ``ranks``, ``failure``, ``dumped`` and
+``ready`` keys end in ``@<generation>``, the keepalive, ``stop`` and ``exit`` keys are the
+run's. Ages are measured by each host on its own clock, so clocks need not agree.
 
 The store takes any client on the cluster network, so every value is sealed: an HMAC-SHA256
 over the key's name and the JSON value, under the run's secret (``--key-file``, root's and the
-storage owner's alone) bound to the launch (wire.launch_key); the store serves only such values
-(wire.admits). What fails the check, or has another shape than agents write, is ignored and
-named once in the host's log. A keepalive counts only when its count grows: a value seen
-before, sent again, keeps no host alive.
+storage owner's alone) bound to the launch (wire.py); the store serves only such values. A
+keepalive counts only when its count grows: a value seen before, sent again, keeps no host alive.
 """
 
 from __future__ import annotations
 
-import threading
+import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from ddpfleet_agent.cli import AgentConfig
-from ddpfleet_agent.membership import Membership, StoreLost
-from ddpfleet_agent.store import StoreClient, StoreError, StoreServer
-from ddpfleet_agent.wire import SHAPES, admits, launch_key, seal, unseal
+from ddpfleet_agent.membership import Membership, StoreGone, StoreLost
+from ddpfleet_agent.store import StoreClient
+from ddpfleet_agent.wire import SHAPES, launch_key, seal
+
+__all__ = ["Peers", "StoreLost"]
+
+PROBE_S = 2.0  # how long a host looking for the run's store waits for one host's answer
 
 
 class Peers(Membership):
-    def __init__(self, cfg: AgentConfig, note: Callable[[str], None]):
-        """``note``: says a line once per key whose value is ignored (the agent's log)."""
-        self.cfg = cfg
-        self.note = note
-        self.n = len(cfg.hosts)
-        self.store: StoreClient | None = None
-        self.server: StoreServer | None = None  # node rank 0's, once it serves
-        self.seen: dict[int, tuple[int, float]] = {}  # node -> (keepalive count, local time)
-        self.views: dict[int, dict] = {}
-        self.exits: dict[int, dict] = {}
-        self.started = time.time()
-        self._broken = ""
-        self.ignored: set[str] = set()  # keys whose value was ignored (said once each)
-        self.key = b""
-        self.beats = 0  # this host's keepalive count
-        self.generation = 0  # starts of the command before this one's (restarts.py)
-        self.members = list(range(self.n))  # the node ranks of this generation's hosts
-        self.taken_back: dict[int, int] = {}  # the store's host: host -> generation it was let into
-        self.leader = 0  # the node rank whose agent serves the store (failover.py); -1: unknown
-
-    @property
-    def leads(self) -> bool:
-        """This host's agent serves the run's store: it decides for the run and writes its
-        records (node rank 0's, until another host took over)."""
-        return self.leader == self.cfg.node_rank
-
-    def address(self, node: int) -> str:
-        """The cluster address of a host (node rank 0's is --store's without --addresses)."""
-        return self.cfg.addresses[node] if self.cfg.addresses else self.cfg.store_host
-
-    def _scoped(self, key: str) -> str:
-        """The key of this generation (the first one's have no suffix)."""
-        return f"{key}@{self.generation}" if self.generation else key
-
-    def _guarded(self, fn: Callable[[], object]) -> object:
-        """Run fn on a daemon thread, waiting at most peer_timeout: a peer cut off by dropped
-        packets leaves a socket read blocked far longer than the store's own timeout (and a
-        daemon thread left blocked does not keep the agent from exiting)."""
-        if self._broken:
-            raise StoreLost(self._broken)
-        box: dict[str, object] = {}
-
-        def call() -> None:
-            try:
-                box["value"] = fn()
-            except BaseException as exc:  # handed to the caller's thread below
-                box["error"] = exc
-
-        worker = threading.Thread(target=call, daemon=True, name="store")
-        worker.start()
-        worker.join(self.cfg.peer_timeout)
-        if worker.is_alive():
-            self._broken = f"no answer from the store for {self.cfg.peer_timeout:.0f}s"
-            raise StoreLost(self._broken)
-        if "error" in box:
-            raise box["error"]  # type: ignore[misc]
-        return box.get("value")
-
     def connect(self) -> None:
         """Read the run's secret, then connect to the store (its host's agent serves it)."""
         self.read_key()
@@ -100,111 +40,62 @@ class Peers(Membership):
         """Read the run's secret (at most peer_timeout: it is on the shared storage)."""
         path = Path(self.cfg.key_file)
         try:
-            self.key = self._guarded(lambda: path.read_bytes().strip())  # type: ignore[assignment]
+            secret: bytes = self._guarded(lambda: path.read_bytes().strip())  # type: ignore[assignment]
         except OSError as exc:
             raise StoreLost(f"cannot read the run's key {path}: {exc.strerror}") from None
         except StoreLost:
             why = f"the run's key {path} did not read in {self.cfg.peer_timeout:.0f}s"
             raise StoreLost(why) from None
-        if len(self.key) < 32:
+        if len(secret) < 32:
             raise StoreLost(f"the run's key {path} is shorter than 32 bytes")
-        self.key = launch_key(self.key, self.cfg.attempt)  # an earlier launch's values: unsealed
+        self.key = launch_key(secret, self.cfg.attempt)  # an earlier launch's values: unsealed
 
-    def _open(self) -> None:
-        """A new connection to the store (its host's agent: serve it first, once, with the
-        sealed ``leader`` record that tells a host looking for the run's store it is this)."""
-        host, port = self.address(self.leader), self.cfg.store_port
-        try:
-            serve = self.leads and self.server is None
-            if serve:
-                self.server = StoreServer(host, port, admits(self.key))
-            if self.store is not None:
-                self.store.close()
-            self.store = StoreClient(host, port, self.cfg.peer_timeout)
-        except OSError as exc:
-            raise StoreLost(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
-        if serve:
-            self._set("leader", {"node": self.cfg.node_rank, "generation": self.generation})
+    def ran_before(self) -> bool:
+        """This host's agent is new in a run an earlier agent of the host was part of (its
+        container was started again): the store has the host's keepalive. The keepalive count
+        goes on from that one (the others count a keepalive only when it grows), and an earlier
+        answer to this host (``welcome/<n>``) is one the next must be newer than."""
+        keys = (f"alive/{self.cfg.node_rank}", f"welcome/{self.cfg.node_rank}")
+        alive, welcome = self._guarded(lambda: [self._get(k) for k in keys])  # type: ignore[misc]
+        if alive is None:
+            return False
+        self.beats = int(alive["count"])
+        self.generation = int(welcome["generation"]) if welcome else 0
+        return True
 
-    def _call(self, fn, *args):
-        if self.store is None:
-            raise StoreLost("not connected")
-        try:
-            return fn(*args)
-        except StoreError as exc:  # full, or a key refused: the run goes on without this write
-            if (said := f"refused {args[0]}") not in self.ignored:
-                self.ignored.add(said)
-                self.note(f"the store {said}: {exc}")
-            return None
-        except TimeoutError:  # the socket's, which may end the wait before _guarded's does
-            raise StoreLost(f"no answer from the store for {self.cfg.peer_timeout:.0f}s") from None
-        except (RuntimeError, OSError) as exc:
-            raise StoreLost(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
-
-    def _get(self, key: str) -> dict | None:
-        assert self.store is not None
-        if not self._call(self.store.check, [key]):
-            return None
-        raw = self._call(self.store.get, key)
-        return self._shaped(key, raw)
-
-    def _shaped(self, key: str, raw: bytes | str) -> dict | None:
-        """The value of key when it is sealed with the run's key and has the shape agents
-        write, else None (noted once)."""
-        value = unseal(self.key, key, raw) if raw else None
-        why = "not signed with the run's key"
-        if value is not None:
-            if SHAPES[key.split("/", maxsplit=1)[0].split("@", maxsplit=1)[0]](value):
-                return value
-            why = "not what an agent writes"
-        if raw and key not in self.ignored:
-            self.ignored.add(key)
-            self.note(f"ignored the store's {key}: {why} ({repr(raw)[:200]})")
-        return None
-
-    def _set(self, key: str, value: dict) -> None:
-        assert self.store is not None
-        self._call(self.store.set, key, seal(self.key, key, value))
+    def run_over(self) -> bool:
+        """The store's host's agent has reported its exit: no generation is to come."""
+        return self._guarded(lambda: self._get(f"exit/{self.leader}")) is not None
 
     def exchange(self, record: dict) -> tuple[dict | None, dict | None]:
         """Publish this host's record and keepalive; read every host's. Returns (failure, stop).
 
         What the store says is applied here, on the caller's thread: a store call that outlived
         its guard (a host cut off) may still return on its own thread, long after, and must not
-        set a peer's last keepalive to the time it began (seen after a reconnect: a live peer
-        judged silent)."""
-        mine, claimed = self._scoped(f"ranks/{self.cfg.node_rank}"), self._scoped("failure")
-        views = {node: self._scoped(f"ranks/{node}") for node in self.members}
+        set a peer's last keepalive to the time it began (a live peer judged silent)."""
+        node, scoped = self.cfg.node_rank, self._scoped
+        mine, claimed = scoped(f"ranks/{node}"), scoped("failure")
+        views = {n: scoped(f"ranks/{n}") for n in self.members}
         exits = [n for n in self.members if n not in self.exits]
-        beat = self._next_beat()
-        got = self._guarded(lambda: self._exchange(mine, record, beat, views, exits, claimed))
-        now = time.time()
-        for node, count in got["alive"].items():  # type: ignore[index]
-            if count > self.seen.get(node, (0, now))[0]:  # grown: a value sent again is stale
-                self.seen[node] = (count, now)
-        self.views.update(got["views"])  # type: ignore[index]
-        self.exits.update(got["exits"])  # type: ignore[index]
-        return got["failure"], got["stop"]  # type: ignore[index]
-
-    def _exchange(  # noqa: PLR0917 - what exchange() worked out before the call
-        self, mine: str, record: dict, beat: int, views: dict, exits: list, claimed: str
-    ) -> dict:
-        """The store's side of exchange(), on the guard's thread: writes and reads, no state."""
-        self._set(mine, record)
-        self._set(f"alive/{self.cfg.node_rank}", {"count": beat})
-        alive = {n: (self._get(f"alive/{n}") or {}).get("count", 0) for n in views}
-        got_views = {n: v for n, key in views.items() if (v := self._get(key)) is not None}
-        got_exits = {n: v for n in exits if (v := self._get(f"exit/{n}")) is not None}
-        return {"alive": alive, "views": got_views, "exits": got_exits,
-                "failure": self._get(claimed), "stop": self._get("stop")}  # fmt: skip
-
-    def _next_beat(self) -> int:
         self.beats += 1
-        return self.beats
+        beat = self.beats
 
-    def _keepalive(self) -> None:
-        """This host's keepalive: a count that grows with each call (Peers.seen)."""
-        self._set(f"alive/{self.cfg.node_rank}", {"count": self._next_beat()})
+        def calls() -> tuple:  # on the guard's thread: writes and reads, no state
+            self._set(mine, record)
+            self._set(f"alive/{node}", {"count": beat})
+            alive = {n: (self._get(f"alive/{n}") or {}).get("count", 0) for n in views}
+            got = {n: v for n, key in views.items() if (v := self._get(key)) is not None}
+            ended = {n: v for n in exits if (v := self._get(f"exit/{n}")) is not None}
+            return alive, got, ended, self._get(claimed), self._get("stop")
+
+        alive, got, ended, failure, stop = self._guarded(calls)  # type: ignore[misc]
+        now = time.time()
+        for n, count in alive.items():
+            if count > self.seen.get(n, (0, now))[0]:  # grown: a value sent again is stale
+                self.seen[n] = (count, now)
+        self.views.update(got)
+        self.exits.update(ended)
+        return failure, stop
 
     def exit_causes(self) -> list[dict]:
         """The failed exits the other hosts' agents published (their ``cause``), as last read."""
@@ -219,20 +110,17 @@ class Peers(Membership):
 
     def claim(self, failure: dict) -> dict:
         """Put failure into the store unless one is there; returns the one that counts."""
-        assert self.store is not None
         key = self._scoped("failure")
         mine = seal(self.key, key, failure)
-        won = self._guarded(lambda: self._call(self.store.compare_set, key, "", mine))
-        claimed = self._shaped(key, won)
+        claimed = self._shaped(key, self._guarded(lambda: self._call("compare_set", key, "", mine)))
         if claimed is None:  # what held the key is no failure: this one replaces it
-            self._guarded(lambda: self._call(self.store.set, key, mine))
+            self._guarded(lambda: self._call("set", key, mine))
             return failure
         return claimed
 
     def request_stop(self, by: str) -> None:
-        assert self.store is not None
         stop = seal(self.key, "stop", {"by": by, "time": time.time()})
-        self._guarded(lambda: self._call(self.store.compare_set, "stop", "", stop))
+        self._guarded(lambda: self._call("compare_set", "stop", "", stop))
 
     def publish_dump(self, record: dict) -> None:
         """This host's forensics record (bundle.py): its ranks' locations, no stacks."""
@@ -247,3 +135,76 @@ class Peers(Membership):
 
     def report_exit(self, record: dict) -> None:
         self._guarded(lambda: self._set(f"exit/{self.cfg.node_rank}", record))
+
+    # --- finding the run's store (membership.reconnect), the store's host lost (failover.py) --
+    def stores(self) -> dict[int, int]:
+        """The stores the other hosts serve (node rank 0's alone without ``--addresses``) that
+        hold a sealed ``leader`` record naming their own host: {node: its generation}.
+        StoreGone when every one refuses (no agent of the run serves a store)."""
+        found: dict[int, int] = {}
+        others = [n for n in range(len(self.cfg.hosts)) if n != self.cfg.node_rank]
+        candidates, refused = others if self.cfg.addresses else [0], 0
+        for node in candidates:
+            said = self._probe(node)
+            refused += said == "refused"
+            if isinstance(said, dict) and said["node"] == node:
+                found[node] = said["generation"]
+        if refused == len(candidates):
+            raise StoreGone(f"no host of the run serves its store (port {self.cfg.store_port})")
+        return found
+
+    def _probe(self, node: int) -> dict | str | None:
+        """The sealed ``leader`` record of the store at ``node``'s address; "refused" when
+        nothing listens there, None when it does not answer or holds none."""
+        address = (self.address(node), self.cfg.store_port)
+        wait = min(PROBE_S, self.cfg.peer_timeout)
+        try:
+            socket.create_connection(address, timeout=wait).close()
+        except ConnectionRefusedError:
+            return "refused"
+        except OSError:
+            return None
+        try:
+            client = StoreClient(*address, wait)
+        except OSError:
+            return None
+        try:
+            raw = client.get("leader") if client.check(["leader"]) else None
+        except (OSError, RuntimeError):
+            return None
+        finally:
+            client.close()
+        return self._shaped("leader", raw) if raw else None
+
+    def take_over(self, generation: int) -> None:
+        """Serve the run's store from this host, from ``generation`` on."""
+        self._drop()
+        self.leader, self.generation = self.cfg.node_rank, generation
+        self._guarded(self._open)
+
+    def follow(self, node: int, within: float, lost: int) -> None:
+        """Connect to the store ``node``'s agent serves from now on (it took over), waiting up
+        to ``within`` s (it may still be ending its ranks); StoreLost when none comes, or once
+        ``lost``'s agent is found serving the run's store still: this host was the one cut
+        off, and it looks for the run as a host left out does."""
+        self._drop()
+        self.leader, deadline = node, time.monotonic() + within
+        while not isinstance(self._probe(node), dict):
+            if time.monotonic() > deadline:
+                raise StoreLost(f"no store at {self.address(node)} within {within:g}s")
+            said = self._probe(lost)
+            if isinstance(said, dict) and said["node"] == lost:
+                raise StoreLost(
+                    f"{self.cfg.hosts[lost]} serves the run's store: this host was cut off"
+                )
+            time.sleep(PROBE_S / 4)
+        try:
+            self.store = StoreClient(self.address(node), self.cfg.store_port, within)
+        except OSError as exc:
+            raise StoreLost(str(exc)) from None
+
+    def step_down(self) -> None:
+        """Stop serving the store: this host was cut off from every other, which go on under
+        another's; it looks for the run's store as any host left out does (``reconnect``)."""
+        self._drop()
+        self.leader = -1
