@@ -7,21 +7,25 @@ keep c10d's meaning, but ``get`` answers None for a missing key (the agents ``ch
 A request and its answer are each one frame (frames.py) of a JSON object, values base64-coded.
 A frame the server cannot read closes the connection; a request it cannot apply is answered
 with ``error`` (``StoreError``). Any client on the cluster network may connect, within bounds:
-``MAX_CONNECTIONS`` at once, frames.py's on each frame, store_data.py's on memory, and (node
-rank 0's agent) wire.admits: the agents' keys only, with values sealed for this launch.
+``MAX_CONNECTIONS`` at once, frames.py's on each frame, and ``MAX_BYTES`` of memory in keys and
+values, counted as Python holds them (``cost``): replacing a value with one no larger always
+succeeds, so a full store never refuses an agent's rewrite of its own key. Node rank 0's agent
+serves it with wire.admits: the agents' keys only, with values sealed for this launch.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import socket
 import socketserver
+import sys
 import threading
 import time
+from collections.abc import Callable
 
 from ddpfleet_agent.frames import MAX_FRAME, Budget, Hangup, receive, recv_frame, send_frame
-from ddpfleet_agent.store_data import Admits, Data, StoreError, decode, encode
 
 __all__ = ["MAX_FRAME", "StoreClient", "StoreError", "StoreServer", "server_class"]
 
@@ -30,6 +34,37 @@ CONNECT_RETRY_S = 0.2  # between attempts while the server is not up yet (or not
 # One connection per agent (a reconnect closes the old one first): 256 serves runs of 200 hosts
 # and more, with room for the probes of hosts left out (membership.reconnect); each is a thread.
 MAX_CONNECTIONS = 256
+
+MAX_BYTES = 64 << 20  # memory the keys and values take in all
+# A dictionary's own memory per entry, on top of its key and value: 8 bytes of index and 24 of
+# entry, in tables up to ~2x the entries right after they grow (38 bytes an entry measured at
+# 100000 entries with tracemalloc, CPython 3.11), and pymalloc's rounding of key and value.
+ENTRY = 96
+# why the server refuses a request (op, key, value: None but for set and compare_set), '' if not
+Admits = Callable[[str, str, bytes | None], str]
+
+
+class StoreError(RuntimeError):
+    """The server refused the request (its ``error``)."""
+
+
+def encode(value: bytes | str | None) -> str | None:
+    if isinstance(value, str):
+        value = value.encode()
+    return None if value is None else base64.b64encode(value).decode("ascii")
+
+
+def decode(text: object) -> bytes:
+    """``text`` as JSON gave it: TypeError when not a string (JSON gives no bytes)."""
+    try:
+        return base64.b64decode(text, validate=True)  # type: ignore[arg-type]
+    except (ValueError, TypeError):  # binascii.Error is a ValueError, as is non-ASCII text
+        raise StoreError("a value must be a base64 string") from None
+
+
+def cost(key: str, value: bytes) -> int:
+    """Bytes of memory one entry takes in the store."""
+    return sys.getsizeof(key) + sys.getsizeof(value) + ENTRY
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -40,7 +75,7 @@ class _Handler(socketserver.BaseRequestHandler):
             while True:
                 req = receive(self.request, self.server.budget)
                 try:
-                    answer = self.server.data.apply(req)
+                    answer = self.server.apply(req)
                 except StoreError as exc:
                     answer = {"error": str(exc)}
                 send_frame(self.request, answer)
@@ -55,10 +90,12 @@ class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True  # a client's thread does not keep the agent from exiting
     request_queue_size = 64  # connections waiting to be accepted (5 unless told): a burst of
     # a stray client's does not leave an agent's reconnect waiting on TCP's SYN retries
-    data: Data
+    admits: Admits | None  # why the server refuses a request
     budget: Budget
-    lock: threading.Lock
+    lock: threading.Lock  # over the connections and the keys and values
     connections: set[socket.socket]
+    values: dict[str, bytes]
+    size: int  # their cost in all
 
     def process_request(self, request: socket.socket, client_address: tuple) -> None:
         """A thread for the connection, or closed at once when MAX_CONNECTIONS are open."""
@@ -70,6 +107,41 @@ class _Server(socketserver.ThreadingTCPServer):
             self.shutdown_request(request)
         else:
             super().process_request(request, client_address)
+
+    def apply(self, req: dict) -> dict:
+        op = req.get("op")
+        keys = req.get("keys") if op == "check" else [req.get("key")]
+        if not (keys and isinstance(keys, list) and all(isinstance(k, str) and k for k in keys)):
+            raise StoreError("keys must be non-empty strings")
+        key, value = keys[0], None
+        if op in ("set", "compare_set"):
+            value = decode(req.get("value" if op == "set" else "desired"))
+        # checked before the lock: a MAC over a value of up to 1 MiB keeps no other call waiting
+        for k in keys:
+            if self.admits and (why := self.admits(str(op), k, value)):
+                raise StoreError(why)
+        with self.lock:
+            current = self.values.get(key)
+            if op == "get":
+                return {"value": encode(current)}
+            if op == "check":
+                return {"found": all(k in self.values for k in keys)}
+            if op == "delete_key":
+                if current is not None:
+                    self.size -= cost(key, self.values.pop(key))
+                return {"deleted": current is not None}
+            if op == "compare_set":
+                # c10d's meaning: a missing key counts as the empty value only
+                expected = decode(req.get("expected"))
+                if current != expected and (current is not None or expected):
+                    return {"value": encode(current if current is not None else expected)}
+            if value is None:
+                raise StoreError(f"unknown op {op!r}")
+            grown = cost(key, value) - (cost(key, current) if current is not None else 0)
+            if grown > 0 and self.size + grown > MAX_BYTES:
+                raise StoreError(f"the store is full ({MAX_BYTES} bytes)")
+            self.values[key], self.size = value, self.size + grown
+            return {} if op == "set" else {"value": encode(value)}
 
 
 def server_class(base: type[socketserver.TCPServer], host: str, port: int) -> type:
@@ -85,8 +157,8 @@ class StoreServer:
 
     def __init__(self, host: str, port: int, admits: Admits | None = None):
         server = self._server = server_class(_Server, host, port)((host, port), _Handler)
-        server.data, server.budget, server.lock = Data(admits), Budget(), threading.Lock()
-        server.connections = set()
+        server.admits, server.budget, server.lock = admits, Budget(), threading.Lock()
+        server.connections, server.values, server.size = set(), {}, 0
         self.port = server.server_address[1]
         serve = functools.partial(server.serve_forever, poll_interval=0.1)
         threading.Thread(target=serve, daemon=True, name="store").start()

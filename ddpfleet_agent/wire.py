@@ -134,7 +134,7 @@ def unseal(key: bytes, name: str, raw: bytes | str) -> dict | None:
 
 
 def admits(key: bytes) -> Callable[[str, str, bytes | None], str]:
-    """The store server's check (store_data.Admits): why it refuses ``op`` on key ``name``, or
+    """The store server's check (store.Admits): why it refuses ``op`` on key ``name``, or
     a value ``raw`` for it (None: no value), '' when it takes it."""
 
     def check(op: str, name: str, raw: bytes | None) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpfleet_agent import store, store_data
+from ddpfleet_agent import store
 from ddpfleet_agent.store import StoreClient, StoreError, StoreServer
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -205,9 +205,9 @@ def test_the_store_counts_the_memory_its_entries_take_and_frees_what_is_deleted(
     """What Python holds (key and value objects, the dictionary's share), not only their bytes;
     a full store still takes a value no larger in place of a key's own."""
     _, client = served
-    entry = store_data.cost("a", b"x" * 600)
-    assert entry == sys.getsizeof("a") + sys.getsizeof(b"x" * 600) + store_data.ENTRY
-    monkeypatch.setattr(store_data, "MAX_BYTES", entry + 400)
+    entry = store.cost("a", b"x" * 600)
+    assert entry == sys.getsizeof("a") + sys.getsizeof(b"x" * 600) + store.ENTRY
+    monkeypatch.setattr(store, "MAX_BYTES", entry + 400)
     c = client()
     c.set("a", "x" * 600)
     with pytest.raises(StoreError, match="full"):
@@ -215,11 +215,11 @@ def test_the_store_counts_the_memory_its_entries_take_and_frees_what_is_deleted(
     c.set("a", "y" * 900)  # replacing a value counts only the difference
     with pytest.raises(StoreError, match="full"):
         c.set("a", "y" * 1100)
-    monkeypatch.setattr(store_data, "MAX_BYTES", 0)  # full: a value no larger is still taken
+    monkeypatch.setattr(store, "MAX_BYTES", 0)  # full: a value no larger is still taken
     c.set("a", "z" * 900)
     c.set("a", "z" * 10)
     assert c.delete_key("a")
-    monkeypatch.setattr(store_data, "MAX_BYTES", entry + 400)
+    monkeypatch.setattr(store, "MAX_BYTES", entry + 400)
     c.set("b", "x" * 600)
     assert c.get("b") == b"x" * 600
 

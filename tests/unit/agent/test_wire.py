@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from ddpfleet_agent import store_data, wire
+from ddpfleet_agent import store, wire
 from ddpfleet_agent.cli import parse_args
 from ddpfleet_agent.peers import Peers
 from ddpfleet_agent.store import StoreClient, StoreError, StoreServer
@@ -150,7 +150,7 @@ def test_a_full_store_refusing_an_agent_s_write_is_said_once_and_the_run_goes_on
 ) -> None:
     peers.members = [0, 1]
     peers.exchange({"state": "running", "ranks": []})
-    monkeypatch.setattr(store_data, "MAX_BYTES", 0)  # full: nothing new is taken
+    monkeypatch.setattr(store, "MAX_BYTES", 0)  # full: nothing new is taken
     for _ in range(3):
         failure, stop = peers.exchange({"state": "running", "ranks": [{"rank": 0}] * 9})
         assert (failure, stop) == (None, None)
