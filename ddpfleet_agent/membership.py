@@ -1,15 +1,14 @@
 """The agent's connection to the run's store, and who is in the run: the base of peers.Peers.
 
-Every call to the store waits at most ``peer_timeout`` (``_guarded``); a store that fails is
-``StoreLost``. A value read is sealed for its key (wire.py) and has the shape agents write, or
-it is ignored and named once in the host's log.
+Each store call waits at most ``peer_timeout`` (``_guarded``); a store that fails is
+``StoreLost``. A value read is sealed for its key (wire.py) and of the shape agents write, or it
+is ignored and named once in the host's log.
 
-``members`` are this generation's node ranks. At each restart every agent says it is ready
-(``ready/<n>@<g>``); the store's host decides who starts the next generation: those ready in
-time (``members@<g>``). A host left out that reaches the store again asks to come back
-(``join/<n>``, naming the last generation it was in, so that a copied request is not taken); the
-store's host lets it in at the next checkpoint: it ends the generation (a claimed failure marked
-``regrow``), tells the host which generation it joins and with whom (``welcome/<n>``), and the
+``members`` are this generation's node ranks. At a restart every agent says it is ready
+(``ready/<n>@<g>``), and the store's host names those ready in time (``members@<g>``). A host
+left out that reaches the store again asks to come back (``join/<n>``, naming the last
+generation it was in: a copied request is not taken); the store's host ends the generation at
+the next checkpoint, tells the host which one it joins and with whom (``welcome/<n>``), and the
 hosts regroup with it.
 """
 
@@ -61,8 +60,7 @@ class Membership:
 
     @property
     def leads(self) -> bool:
-        """This host's agent serves the run's store: it decides for the run and writes its
-        records (node rank 0's, until another host took over)."""
+        """This host's agent serves the store and decides for the run (node rank 0's first)."""
         return self.leader == self.cfg.node_rank
 
     def address(self, node: int) -> str:
@@ -154,11 +152,10 @@ class Membership:
     def regroup(
         self, generation: int, within: float, left_out: list[int], joining: list[int] | None = None
     ) -> dict:
-        """Enter ``generation`` without the hosts ``left_out`` and with those ``joining``: say
-        this host is ready (its ranks are gone) and keep its keepalive going until node rank 0
-        says who starts it: the hosts ready within ``within`` s, once all are or that time is up
-        (``members@<g>``: ``nodes``, and ``missing``, those that did not come). Returns that;
-        ``members`` is its ``nodes`` from here, and the last generation's views are forgotten."""
+        """Enter ``generation`` without the hosts ``left_out``, with those ``joining``: say this
+        host is ready (its ranks are gone), keeping its keepalive going, until the store's host
+        names the hosts ready within ``within`` s, once all are or that time is up: returns
+        ``members@<g>`` (``nodes``, the new ``members``, and ``missing``)."""
         self.generation, self.views = generation, {}
         expected = sorted({n for n in self.members if n not in left_out} | set(joining or []))
         mine, decided = self._scoped(f"ready/{self.cfg.node_rank}"), self._scoped("members")
@@ -186,7 +183,6 @@ class Membership:
         self.members = list(said["nodes"])  # type: ignore[index]
         return said  # type: ignore[return-value]
 
-    # --- a host left out, coming back -------------------------------------------------------
     def reconnect(self) -> bool:
         """Connect to the run's store again (this host was cut off or left out, or its agent
         started again): the newest generation's of ``stores()``. False while none answers;

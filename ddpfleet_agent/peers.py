@@ -1,22 +1,18 @@
 """The other hosts' agents, over the run's store (store.py, served by node rank 0's agent).
 
-Keys: ``alive/<n>`` keepalive count, ``ranks/<n>`` the host's rank views (with the failed exit
-it saw, ``cause``, once its command failed), ``failure`` the first failure claimed
-(compare-and-set), ``stop`` a requested stop, ``exit/<n>`` how a host's command ended,
-``dumped/<n>`` its forensics record of a failed run (bundle.py), ``ready/<n>`` the host back
-from a failure and ready to restart. A run restarted in place (``--restarts``) is a new
-generation, of the hosts still in it (membership.py): its ``ranks``, ``failure``, ``dumped`` and
-``ready`` keys end in ``@<generation>``, the keepalive, ``stop`` and ``exit`` keys are the
-run's. Ages are measured by each host on its own clock, so clocks need not agree.
-
-The store takes any client on the cluster network, so every value is sealed: an HMAC-SHA256
-over the key's name and the JSON value, under the run's secret (``--key-file``, root's and the
-storage owner's alone) bound to the launch (wire.py); the store serves only such values. A
-keepalive counts only when its count grows: a value seen before, sent again, keeps no host alive.
+Keys: ``alive/<n>`` keepalive count, ``ranks/<n>`` the host's rank views (with ``cause``, the
+failed exit it saw), ``failure`` the first failure claimed (compare-and-set), ``stop`` a
+requested stop, ``exit/<n>`` how a host's command ended, ``dumped/<n>`` its forensics record
+(bundle.py), ``ready/<n>`` the host ready to restart. In a generation after the first
+(membership.py) the ``ranks``, ``failure``, ``dumped`` and ``ready`` keys end in ``@<g>``.
+Every value is sealed under the run's secret (``--key-file``) bound to the launch (wire.py): the
+store takes any client on the cluster network. Ages are measured on each host's own clock, and
+a keepalive counts only when its count grows: a value sent again keeps no host alive.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from pathlib import Path
@@ -24,8 +20,6 @@ from pathlib import Path
 from ddpfleet_agent.membership import Membership, StoreGone, StoreLost
 from ddpfleet_agent.store import StoreClient
 from ddpfleet_agent.wire import SHAPES, launch_key, seal
-
-__all__ = ["Peers", "StoreLost"]
 
 PROBE_S = 2.0  # how long a host looking for the run's store waits for one host's answer
 
@@ -51,10 +45,9 @@ class Peers(Membership):
         self.key = launch_key(secret, self.cfg.attempt)  # an earlier launch's values: unsealed
 
     def ran_before(self) -> bool:
-        """This host's agent is new in a run an earlier agent of the host was part of (its
-        container was started again): the store has the host's keepalive. The keepalive count
-        goes on from that one (the others count a keepalive only when it grows), and an earlier
-        answer to this host (``welcome/<n>``) is one the next must be newer than."""
+        """An earlier agent of this host was in the run (its container started again): the
+        store has its keepalive. The count goes on from that one (the others count it only when
+        it grows), and the next answer (``welcome/<n>``) must be newer than the last."""
         keys = (f"alive/{self.cfg.node_rank}", f"welcome/{self.cfg.node_rank}")
         alive, welcome = self._guarded(lambda: [self._get(k) for k in keys])  # type: ignore[misc]
         if alive is None:
@@ -69,10 +62,9 @@ class Peers(Membership):
 
     def exchange(self, record: dict) -> tuple[dict | None, dict | None]:
         """Publish this host's record and keepalive; read every host's. Returns (failure, stop).
-
-        What the store says is applied here, on the caller's thread: a store call that outlived
-        its guard (a host cut off) may still return on its own thread, long after, and must not
-        set a peer's last keepalive to the time it began (a live peer judged silent)."""
+        What the store says is applied on the caller's thread: a call that outlived its guard
+        (a host cut off) may return long after, and must not set a peer's last keepalive to the
+        time it began (a live peer judged silent)."""
         node, scoped = self.cfg.node_rank, self._scoped
         mine, claimed = scoped(f"ranks/{node}"), scoped("failure")
         views = {n: scoped(f"ranks/{n}") for n in self.members}
@@ -165,15 +157,10 @@ class Peers(Membership):
         except OSError:
             return None
         try:
-            client = StoreClient(*address, wait)
-        except OSError:
-            return None
-        try:
-            raw = client.get("leader") if client.check(["leader"]) else None
+            with contextlib.closing(StoreClient(*address, wait)) as client:
+                raw = client.get("leader") if client.check(["leader"]) else None
         except (OSError, RuntimeError):
             return None
-        finally:
-            client.close()
         return self._shaped("leader", raw) if raw else None
 
     def take_over(self, generation: int) -> None:
@@ -183,10 +170,9 @@ class Peers(Membership):
         self._guarded(self._open)
 
     def follow(self, node: int, within: float, lost: int) -> None:
-        """Connect to the store ``node``'s agent serves from now on (it took over), waiting up
-        to ``within`` s (it may still be ending its ranks); StoreLost when none comes, or once
-        ``lost``'s agent is found serving the run's store still: this host was the one cut
-        off, and it looks for the run as a host left out does."""
+        """Connect to the store ``node``'s agent took over, waiting up to ``within`` s (it may
+        still be ending its ranks); StoreLost when none comes, or once ``lost``'s agent is found
+        serving still: this host was the one cut off (it looks for the run as one left out)."""
         self._drop()
         self.leader, deadline = node, time.monotonic() + within
         while not isinstance(self._probe(node), dict):
@@ -194,9 +180,8 @@ class Peers(Membership):
                 raise StoreLost(f"no store at {self.address(node)} within {within:g}s")
             said = self._probe(lost)
             if isinstance(said, dict) and said["node"] == lost:
-                raise StoreLost(
-                    f"{self.cfg.hosts[lost]} serves the run's store: this host was cut off"
-                )
+                why = f"{self.cfg.hosts[lost]} serves the run's store: this host was cut off"
+                raise StoreLost(why)
             time.sleep(PROBE_S / 4)
         try:
             self.store = StoreClient(self.address(node), self.cfg.store_port, within)

@@ -25,10 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ddpfleet_agent.frames import MAX_FRAME, Budget, Hangup, receive, recv_frame, send_frame
-
-__all__ = ["MAX_FRAME", "StoreClient", "StoreError", "StoreServer", "server_class"]
-
+from ddpfleet_agent.frames import Budget, Hangup, receive, recv_frame, send_frame
 
 CONNECT_RETRY_S = 0.2  # between attempts while the server is not up yet (or not reachable)
 # One connection per agent (a reconnect closes the old one first): 256 serves runs of 200 hosts
