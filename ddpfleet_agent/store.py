@@ -33,9 +33,8 @@ CONNECT_RETRY_S = 0.2  # between attempts while the server is not up yet (or not
 MAX_CONNECTIONS = 256
 
 MAX_BYTES = 64 << 20  # memory the keys and values take in all
-# A dictionary's own memory per entry, on top of its key and value: 8 bytes of index and 24 of
-# entry, in tables up to ~2x the entries right after they grow (38 bytes an entry measured at
-# 100000 entries with tracemalloc, CPython 3.11), and pymalloc's rounding of key and value.
+# A dictionary's own memory per entry beyond key and value: 8 bytes of index and 24 of entry in
+# tables up to ~2x the entries (38 an entry measured, CPython 3.11), and pymalloc's rounding.
 ENTRY = 96
 # why the server refuses a request (op, key, value: None but for set and compare_set), '' if not
 Admits = Callable[[str, str, bytes | None], str]
@@ -197,20 +196,18 @@ class StoreClient:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
 
-    def _exchange(self, request: dict) -> dict:
-        send_frame(self._sock, request)
-        return recv_frame(self._sock)
-
     def _ask(self, request: dict) -> dict:
         with self._lock:
-            try:
-                answer = self._exchange(request)
-            except (Hangup, BrokenPipeError, ConnectionResetError):
-                if self._closed:  # close() from another thread
-                    raise
-                self._sock.close()  # the server read nothing of it: the call again, once
-                self._sock = self._connect(retry=False)
-                answer = self._exchange(request)
+            for again in (True, False):
+                try:
+                    send_frame(self._sock, request)
+                    answer = recv_frame(self._sock)
+                    break
+                except (Hangup, BrokenPipeError, ConnectionResetError):
+                    if self._closed or not again:  # close() from another thread, or twice
+                        raise
+                    self._sock.close()  # the server read nothing of it: the call again, once
+                    self._sock = self._connect(retry=False)
         if "error" in answer:
             raise StoreError(str(answer["error"]))
         return answer

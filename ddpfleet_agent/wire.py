@@ -111,8 +111,7 @@ def seal(key: bytes, name: str, value: dict) -> str:
 
 
 def _body(key: bytes, name: str, raw: bytes | str) -> bytes | None:
-    """The value's JSON in ``raw`` when ``raw`` is sealed for ``name`` under ``key``: its size,
-    layout and MAC checked, nothing parsed."""
+    """The value's JSON in ``raw`` if sealed for ``name`` under ``key``; nothing parsed."""
     data = raw.encode() if isinstance(raw, str) else raw
     if not isinstance(data, bytes) or len(data) > MAX_VALUE:
         return None
@@ -134,8 +133,8 @@ def unseal(key: bytes, name: str, raw: bytes | str) -> dict | None:
 
 
 def admits(key: bytes) -> Callable[[str, str, bytes | None], str]:
-    """The store server's check (store.Admits): why it refuses ``op`` on key ``name``, or
-    a value ``raw`` for it (None: no value), '' when it takes it."""
+    """The store server's check (store.Admits): why it refuses ``op`` on key ``name`` with
+    value ``raw`` (None: none), '' when it takes it."""
 
     def check(op: str, name: str, raw: bytes | None) -> str:
         if not KEY.fullmatch(name):
