@@ -120,9 +120,8 @@ class Peers(Membership):
 
     def dumps(self) -> dict[int, dict]:
         """node -> the forensics record its agent published, for those that did."""
-        got = self._guarded(
-            lambda: {n: self._get(self._scoped(f"dumped/{n}")) for n in self.members}
-        )
+        keys = {n: self._scoped(f"dumped/{n}") for n in self.members}
+        got = self._guarded(lambda: {n: self._get(key) for n, key in keys.items()})
         return {n: v for n, v in got.items() if v is not None}  # type: ignore[union-attr]
 
     def report_exit(self, record: dict) -> None:
@@ -133,17 +132,13 @@ class Peers(Membership):
         """The stores the other hosts serve (node rank 0's alone without ``--addresses``) that
         hold a sealed ``leader`` record naming their own host: {node: its generation}.
         StoreGone when every one refuses (no agent of the run serves a store)."""
-        found: dict[int, int] = {}
         others = [n for n in range(len(self.cfg.hosts)) if n != self.cfg.node_rank]
-        candidates, refused = others if self.cfg.addresses else [0], 0
-        for node in candidates:
-            said = self._probe(node)
-            refused += said == "refused"
-            if isinstance(said, dict) and said["node"] == node:
-                found[node] = said["generation"]
-        if refused == len(candidates):
+        said = {n: self._probe(n) for n in (others if self.cfg.addresses else [0])}
+        if all(record == "refused" for record in said.values()):
             raise StoreGone(f"no host of the run serves its store (port {self.cfg.store_port})")
-        return found
+        return {
+            n: r["generation"] for n, r in said.items() if isinstance(r, dict) and r["node"] == n
+        }
 
     def _probe(self, node: int) -> dict | str | None:
         """The sealed ``leader`` record of the store at ``node``'s address; "refused" when

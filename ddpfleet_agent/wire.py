@@ -26,61 +26,52 @@ from ddpfleet_agent.ranks import COUNTS, NUMBERS, number
 RANK_NUMBERS = (*COUNTS, *NUMBERS, "live_age", "progress_age")  # ranks.rank_views
 
 
-def _number(value: object) -> bool:
-    return value is None or number(value) is not None
+def _int(value: object) -> bool:
+    return type(value) is int  # not a bool
 
 
-def _text(value: object) -> bool:
-    return value is None or isinstance(value, str)
+def _str(value: object) -> bool:
+    return isinstance(value, str)
 
 
-def _weights(value: object) -> bool:
-    """None, or each host's weight of the global batch (regrow.py): positive numbers."""
-    return value is None or (
+def _none_or(check: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda value: value is None or check(value)
+
+
+def _list_of(check: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda value: isinstance(value, list) and all(map(check, value))
+
+
+def _fields(**checks: Callable[[object], bool]) -> Callable[[object], bool]:
+    """A dict whose named fields pass their checks (other fields are free)."""
+    return lambda value: (
+        isinstance(value, dict) and all(check(value.get(name)) for name, check in checks.items())
+    )
+
+
+_number = _none_or(lambda value: number(value) is not None)
+# each host's weight of the global batch (regrow.py): positive numbers
+_weights = _none_or(
+    lambda value: (
         isinstance(value, dict)
-        and all(isinstance(h, str) and number(w) is not None and w > 0 for h, w in value.items())
+        and all(_str(h) and number(w) is not None and w > 0 for h, w in value.items())
     )
-
-
-def _rank_view(r: object) -> bool:
-    return (
-        isinstance(r, dict)
-        and type(r.get("rank")) is int
-        and _text(r.get("phase"))
-        and all(_number(r.get(k)) for k in RANK_NUMBERS)
-    )
-
-
+)
+_rank_view = _fields(rank=_int, phase=_none_or(_str), **dict.fromkeys(RANK_NUMBERS, _number))
 SHAPES: dict[str, Callable[[dict], bool]] = {
-    "alive": lambda v: type(v.get("count")) is int,
-    "ranks": lambda v: (
-        isinstance(v.get("state"), str)
-        and isinstance(v.get("ranks"), list)
-        and all(_rank_view(r) for r in v["ranks"])
+    "alive": _fields(count=_int),
+    "ranks": _fields(state=_str, ranks=_list_of(_rank_view)),
+    "exit": _fields(outcome=_str, host=_none_or(_str)),
+    "failure": _fields(
+        host=_str, reason=_str, rank=_none_or(_int), rebalance=_weights, speeds=_weights
     ),
-    "exit": lambda v: isinstance(v.get("outcome"), str) and _text(v.get("host")),
-    "failure": lambda v: (
-        isinstance(v.get("host"), str)
-        and isinstance(v.get("reason"), str)
-        and (v.get("rank") is None or type(v.get("rank")) is int)
-        and _weights(v.get("rebalance"))
-        and _weights(v.get("speeds"))
-    ),
-    "stop": lambda v: isinstance(v.get("by"), str),
-    "dumped": lambda v: isinstance(v.get("host"), str) and isinstance(v.get("ranks"), list),
-    "ready": lambda v: isinstance(v.get("host"), str),
-    "join": lambda v: isinstance(v.get("host"), str) and type(v.get("generation")) is int,
-    "welcome": lambda v: (
-        type(v.get("generation")) is int
-        and isinstance(v.get("nodes"), list)
-        and all(type(n) is int for n in v["nodes"])
-        and _weights(v.get("weights"))
-    ),
-    "leader": lambda v: type(v.get("node")) is int and type(v.get("generation")) is int,
-    "members": lambda v: all(
-        isinstance(v.get(k), list) and all(type(n) is int for n in v[k])
-        for k in ("nodes", "missing")
-    ),
+    "stop": _fields(by=_str),
+    "dumped": _fields(host=_str, ranks=lambda value: isinstance(value, list)),
+    "ready": _fields(host=_str),
+    "join": _fields(host=_str, generation=_int),
+    "welcome": _fields(generation=_int, nodes=_list_of(_int), weights=_weights),
+    "leader": _fields(node=_int, generation=_int),
+    "members": _fields(nodes=_list_of(_int), missing=_list_of(_int)),
 }
 
 
