@@ -2,17 +2,12 @@
 and new shares of the global batch for a host that became slow (``--rebalance``), the same way.
 
 ``Lead`` is node rank 0's watch for both, ``Regrow`` every member's way back. A host left out
-(cut off, or its agent judged gone) keeps its agent: its ranks are ended, and it tries the
-run's store every few seconds. A host whose agent was started again (its container restarted,
-or relaunched by a re-run of train.yml) does the same from its start: the store already has its
-keepalive. Once it reaches it, it asks to come back (``membership.ask_to_join``). Node rank 0's
-agent waits for the next checkpoint the ranks write (their heartbeat's ``saved`` step; not the
-one after the run's last step: the run is ending, the host is not taken back), then ends the
-generation with a claimed failure marked ``regrow`` (no forensics: nothing failed): every
-member kills its ranks, node rank 0 tells the host which generation it joins, and all regroup
-and restart from that checkpoint with it, at the run's first world size again. A host that gets
-no answer gives up when the store refuses (node rank 0's agent has ended: the run is over),
-when the run directory says the run ended, at the run's max_runtime, or on a stop.
+(cut off, judged gone, or its agent started again) keeps trying the run's store and asks to
+come back. Node rank 0 waits for the next checkpoint the ranks write (not the one after the
+run's last step: the run is ending), then ends the generation with a claimed failure marked
+``regrow`` (no forensics: nothing failed): all regroup and restart from that checkpoint with
+the host, at the run's first world size again. A host that gets no answer gives up when the run
+is over, at the run's max_runtime, or on a stop.
 """
 
 from __future__ import annotations
@@ -44,8 +39,8 @@ def _host_times(ranks: list[list[dict]]) -> list[float]:
 
 class Lead:
     """Node rank 0's watch while the ranks run: hosts asking to come back (``join_wait``: they
-    and the step saved when they asked), and stragglers (``watch``, the detector's state;
-    ``rebalance_wait``: the new weights, the speeds and the step saved when it decided)."""
+    and the step saved when they asked), and stragglers (``watch``; ``rebalance_wait``: the new
+    weights, the speeds and the step saved when it decided)."""
 
     def __init__(self, cfg: AgentConfig, peers: Peers, say: Callable[[str], None]) -> None:
         self.cfg, self.peers, self.say = cfg, peers, say
