@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, replace
 from typing import TYPE_CHECKING
 
 from ddpfleet_agent.judging import EXIT_STOPPED
@@ -29,21 +29,17 @@ if TYPE_CHECKING:
 PROGRESS_EVERY = 2.0  # seconds between node rank 0's progress.json writes
 
 
+@dataclass(eq=False)
 class Ending:
-    def __init__(
-        self,
-        cfg: AgentConfig,
-        peers: Peers,
-        ranks: LocalRanks,
-        *,
-        records: Records,
-        starts: Starts,
-        say: Callable[[str], None],
-    ) -> None:
-        self.cfg, self.records, self.ranks, self.peers = cfg, records, ranks, peers
-        self.starts, self.say = starts, say
-        self.last_progress = 0.0
-        self.first_train: tuple[float, int, int] | None = None  # time, step, start
+    cfg: AgentConfig
+    peers: Peers
+    ranks: LocalRanks
+    _: KW_ONLY
+    records: Records
+    starts: Starts
+    say: Callable[[str], None]
+    last_progress: float = 0.0
+    first_train: tuple[float, int, int] | None = None  # time, step, start
 
     def finish(self, outcome: str, code: int, standing: Standing, escalated: bool) -> int:
         """Report the exit (``escalated``: the ranks were killed after a stop); the exit code."""

@@ -17,7 +17,7 @@ naming the lost host.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, replace
 from typing import TYPE_CHECKING
 
 from ddpfleet_agent.machine import Standing
@@ -34,11 +34,15 @@ if TYPE_CHECKING:
     from ddpfleet_agent.restarts import Starts
 
 
+@dataclass(eq=False)
 class FailOver:
-    def __init__(self, cfg: AgentConfig, peers: Peers, ranks: LocalRanks, *, records: Records,
-                 starts: Starts, say: Callable[[str], None]) -> None:  # fmt: skip
-        self.cfg, self.peers, self.ranks, self.records = cfg, peers, ranks, records
-        self.starts, self.say = starts, say
+    cfg: AgentConfig
+    peers: Peers
+    ranks: LocalRanks
+    _: KW_ONLY
+    records: Records
+    starts: Starts
+    say: Callable[[str], None]
 
     def moved_on(self) -> bool:
         """This agent starts in a run that went on under another host's store: progress.json

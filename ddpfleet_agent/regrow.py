@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, replace
 from typing import TYPE_CHECKING
 
 from ddpfleet_agent import failures, stragglers
@@ -128,22 +128,18 @@ class Lead:
         return round(stragglers.speeds(times)[members.index(self.cfg.node_rank)], 3)
 
 
+@dataclass(eq=False)
 class Regrow:
     """Every member's way back: restarting with hosts taken back or new shares, and asking to
     come back once left out. ``stopped``: a stop came (SIGTERM, SIGINT)."""
 
-    def __init__(
-        self,
-        cfg: AgentConfig,
-        peers: Peers,
-        *,
-        records: Records,
-        starts: Starts,
-        say: Callable[[str], None],
-        stopped: Callable[[], bool],
-    ) -> None:
-        self.cfg, self.peers, self.records = cfg, peers, records
-        self.starts, self.say, self.stopped = starts, say, stopped
+    cfg: AgentConfig
+    peers: Peers
+    _: KW_ONLY
+    records: Records
+    starts: Starts
+    say: Callable[[str], None]
+    stopped: Callable[[], bool]
 
     def regrown(self, standing: Standing) -> tuple[bool, Standing]:
         """Once node rank 0 ended the generation to take hosts back or to give new shares (the

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -63,26 +63,22 @@ def regrouped(
     return out
 
 
+@dataclass(eq=False)
 class Starts:
     """This host's starts of the command: the run's ``attempts`` (an entry per start), the
     failures it was restarted after (``causes``) and each host's weight of the global batch
     after a rebalance (``weights``, None: even shares)."""
 
-    def __init__(
-        self,
-        cfg: AgentConfig,
-        peers: Peers,
-        ranks: LocalRanks,
-        *,
-        judge: Judge,
-        env: dict[str, str],
-        say: Callable[[str], None],
-    ) -> None:
-        self.cfg, self.peers, self.ranks, self.judge, self.env = cfg, peers, ranks, judge, env
-        self.say = say
-        self.causes: list[Failure] = []
-        self.attempts: list[dict] = []
-        self.weights: dict[str, float] | None = None
+    cfg: AgentConfig
+    peers: Peers
+    ranks: LocalRanks
+    _: KW_ONLY
+    judge: Judge
+    env: dict[str, str]
+    say: Callable[[str], None]
+    causes: list[Failure] = field(default_factory=list)
+    attempts: list[dict] = field(default_factory=list)
+    weights: dict[str, float] | None = None
 
     @property
     def restarts(self) -> int:

@@ -29,30 +29,25 @@ CONFIG = ("node_rank", "can_fail_over", "takes_hosts_back", "restarts", "min_hos
 
 
 class Agent:
-    """Runs machine.py's transitions and carries each action out through its parts, which it
-    builds with what each needs: it alone holds the run's ``standing`` (machine.Standing), which
-    the parts get and hand back, and its signals."""
+    """Runs machine.py's transitions and carries each action out through the parts it builds;
+    it alone holds the run's ``standing``, which the parts get and hand back, and its signals."""
 
     def __init__(self, cfg: AgentConfig, child_env: dict[str, str] | None = None):
         self.cfg = cfg
         env = dict(os.environ) if child_env is None else child_env
-        self.records = records = Records(
-            cfg.run_dir, cfg.host, cfg.fallback_dir, cfg.storage_timeout
-        )
+        self.records = Records(cfg.run_dir, cfg.host, cfg.fallback_dir, cfg.storage_timeout)
         hb_dir = Path(tempfile.mkdtemp(prefix="ddpfleet-heartbeat-"))
-        self.ranks = ranks = LocalRanks(hb_dir, records.log)
+        self.ranks = ranks = LocalRanks(hb_dir, self.records.log)
         self.peers = peers = Peers(cfg, self.say)
         self.judge = Judge(cfg, peers, ranks)
-        say, stopped = self.say, lambda: bool(self.signum)
+        records, say, stopped = self.records, self.say, lambda: bool(self.signum)
         self.starts = starts = Starts(cfg, peers, ranks, judge=self.judge, env=env, say=say)
         self.lead = Lead(cfg, peers, say)
         self.failover = FailOver(cfg, peers, ranks, records=records, starts=starts, say=say)
         self.regrow = Regrow(cfg, peers, records=records, starts=starts, say=say, stopped=stopped)
         self.ending = Ending(cfg, peers, ranks, records=records, starts=starts, say=say)
         self.standing = Standing()
-        self.signum = 0
-        self.stopping_since = 0.0
-        self.escalated = False
+        self.signum, self.stopping_since, self.escalated = 0, 0.0, False
 
     def say(self, text: str) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -165,13 +160,12 @@ class Agent:
         return False
 
     def _rejoin(self, standing: Standing, again: bool) -> tuple[bool, Standing]:
-        """Ask to come back (regrow.Regrow.rejoined) and, let in, regroup with node rank 0's
-        members: back on the network, its storage may be too."""
+        """Ask to come back (regrow.py); let in, regroup with the members node rank 0 named."""
         said = self.regrow.rejoined(again)
         if said is None:
             return False, standing
         self.peers.members = list(said["nodes"])
-        self.records.storage_silent = False
+        self.records.storage_silent = False  # back on the network: its storage may be too
         back = replace(standing, store_ok=True, left_out=False)  # with the run's new shares
         return self.starts.regroup(said["generation"], back, None, [], weights=said.get("weights"))
 
@@ -201,8 +195,7 @@ class Agent:
                 self.standing = replace(self.standing, store_ok=False)
                 if code == 0:
                     return "completed", 0
-                failure = self.judge.store_lost(exc)
-                code = 1
+                failure, code = self.judge.store_lost(exc), 1  # its ranks are ended as failed
             if failure is not None:
                 self._end_ranks(replace(self.standing, failure=failure))
                 return ("completed", 0) if code == 0 else ("failed", code or 1)
@@ -229,8 +222,7 @@ class Agent:
             time.sleep(cfg.tick)
 
     def _check(self, now: float) -> Failure | None:
-        """A failure seen while the ranks run, or node rank 0's end of a generation to take
-        hosts back or give new shares (regrow.py), or None."""
+        """A failure seen while the ranks run, or node rank 0's planned end of a generation."""
         found = self.judge.check(now, self.starts.began() or now)
         return found or self.lead.regrow(now) or self.lead.rebalance(now, self.starts.weights)
 
