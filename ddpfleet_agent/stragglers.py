@@ -83,9 +83,13 @@ def weights(times: Mapping[str, float]) -> dict[str, float]:
     return {n: round(s, 3) for n, s in zip(names, speeds([times[n] for n in names]), strict=True)}
 
 
-def change_line(before: Mapping[str, int], after: Mapping[str, int],
-                speed: Mapping[str, float]) -> str:  # fmt: skip
+def change_line(
+    before: Mapping[str, int], after: Mapping[str, int], speed: Mapping[str, float]
+) -> str:
     """``rebalanced: node3 4 -> 2 (0.31x)``: each host whose share of a step changed."""
-    moved = [f"{h} {before[h]} -> {after[h]} ({speed.get(h, 1.0):.2f}x)"
-             for h in after if h in before and before[h] != after[h]]  # fmt: skip
+    moved = [
+        f"{h} {before[h]} -> {after[h]} ({speed.get(h, 1.0):.2f}x)"
+        for h in after
+        if h in before and before[h] != after[h]
+    ]
     return "rebalanced: " + (", ".join(moved) or "the shares stay as they were")
