@@ -1,19 +1,15 @@
-"""How an agent reports its run: progress.json while it runs; at the end its exit record, the
-run's summary, the final progress and the report.
-
-``Ending``: node rank 0's agent rewrites progress.json every PROGRESS_EVERY s while the run
-goes; every host's agent reports its exit (store and ``nodes/<host>.exit.json``) and, where it
-judged a failure, the cause; node rank 0's agent then waits for the others' exits, writes
-summary.json's outcome, the report of a completed run and the final progress.json that
-train.yml's follower waits for. A host cut off from node rank 0 writes the cause itself if
-nobody else did.
+"""How an agent reports its run: node rank 0 rewrites progress.json while it runs; at the end
+every host reports its exit (store and ``nodes/<host>.exit.json``), and node rank 0 waits for
+the others', then writes summary.json, the report of a completed run and the final
+progress.json that train.yml's follower waits for. A host cut off from node rank 0 writes the
+cause itself if nobody else did.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, replace
 from typing import TYPE_CHECKING
 
 from ddpfleet_agent.judging import EXIT_STOPPED
@@ -33,24 +29,32 @@ if TYPE_CHECKING:
 PROGRESS_EVERY = 2.0  # seconds between node rank 0's progress.json writes
 
 
+@dataclass(eq=False)
 class Ending:
-    def __init__(self, cfg: AgentConfig, peers: Peers, ranks: LocalRanks, *, records: Records,
-                 starts: Starts, say: Callable[[str], None]) -> None:  # fmt: skip
-        self.cfg, self.records, self.ranks, self.peers = cfg, records, ranks, peers
-        self.starts, self.say = starts, say
-        self.last_progress = 0.0
-        self.first_train: tuple[float, int, int] | None = None  # time, step, start
+    cfg: AgentConfig
+    peers: Peers
+    ranks: LocalRanks
+    _: KW_ONLY
+    records: Records
+    starts: Starts
+    say: Callable[[str], None]
+    last_progress: float = 0.0
+    first_train: tuple[float, int, int] | None = None  # time, step, start
 
     def finish(self, outcome: str, code: int, standing: Standing, escalated: bool) -> int:
         """Report the exit (``escalated``: the ranks were killed after a stop); the exit code."""
-        cfg, failure, starts = self.cfg, standing.failure, self.starts
+        cfg, failure, records, leads = self.cfg, standing.failure, self.records, self.peers.leads
         self.ranks.end()
-        if outcome == "failed" and failure:
-            self.say(cause_line(cfg.run_id, failure))
-        else:
-            self.say(f"{outcome} (exit code {code})")
-        exit_rec = {"host": cfg.host, "node_rank": cfg.node_rank, "attempt": cfg.attempt,
-                    "exit_code": code, "outcome": outcome, "time": time.time()}  # fmt: skip
+        failed = outcome == "failed" and failure
+        self.say(cause_line(cfg.run_id, failure) if failed else f"{outcome} (exit code {code})")
+        exit_rec = {
+            "host": cfg.host,
+            "node_rank": cfg.node_rank,
+            "attempt": cfg.attempt,
+            "exit_code": code,
+            "outcome": outcome,
+            "time": time.time(),
+        }
         if failure:
             exit_rec["failure"] = failure
         if standing.store_ok:
@@ -58,45 +62,35 @@ class Ending:
                 self.peers.report_exit(exit_rec)
             except StoreLost:
                 standing = replace(standing, store_ok=False)
-        self.records.write_exit(exit_rec)
+        records.write_exit(exit_rec)
         self._write_summary(outcome, standing, escalated)
-        if self.peers.leads and standing.store_ok:
+        if leads and standing.store_ok:
             self._wait_for_peers(outcome, failure)
-        if self.peers.leads and cfg.program:
+        if leads and cfg.program:
             self._write_program_summary(outcome, exit_rec)
-        if self.peers.leads:
-            starts.ended(exit_rec["time"])
-            self.records.write_attempts(starts.attempts, starts.restarts)
+        if leads:
+            self.starts.ended(exit_rec["time"])
+            records.write_attempts(self.starts.attempts, self.starts.restarts)
             self._write_end(outcome, failure)
         # the last writes of a completed run (report.png) may take a while; a silent storage
         # gets one bound more
-        bound = cfg.storage_timeout if self.records.storage_silent else 3 * cfg.storage_timeout
-        if not self.records.flush(bound) or self.records.storage_silent:
-            self._storage_gone(exit_rec, failure)
+        bound = cfg.storage_timeout if records.storage_silent else 3 * cfg.storage_timeout
+        if not records.flush(bound) or records.storage_silent:
+            # the host-local fallback's exit record names the storage as the cause (status.yml)
+            within, where = cfg.storage_timeout, cfg.run_dir
+            storage = f"the shared storage did not answer within {within:g} s ({where})"
+            print(f"ddpfleet agent: {cfg.host}: {storage}", flush=True)
+            what = cause_line(cfg.run_id, failure) if failure else f"run {cfg.run_id} {outcome}"
+            records.write_local_exit(
+                {**exit_rec, "storage": storage, "cause": f"{storage}; {what}"}
+            )
         return code if outcome != "stopped" else EXIT_STOPPED
-
-    def _storage_gone(self, exit_rec: dict, failure: Failure | None) -> None:
-        """The shared storage did not answer a read or take this host's records: the host-local
-        fallback's exit record names it as the cause (status.yml shows it, the storage gone)."""
-        cfg = self.cfg
-        storage = (
-            f"the shared storage did not answer within {cfg.storage_timeout:g} s ({cfg.run_dir})"
-        )
-        print(f"ddpfleet agent: {cfg.host}: {storage}", flush=True)
-        what = (
-            cause_line(cfg.run_id, failure)
-            if failure
-            else f"run {cfg.run_id} {exit_rec['outcome']}"
-        )
-        self.records.write_local_exit({**exit_rec, "storage": storage,
-                                       "cause": f"{storage}; {what}"})  # fmt: skip
 
     def _write_end(self, outcome: str, failure: Failure | None) -> None:
         """Node rank 0: the run's status word from every host's exit it heard of, the report of
         a completed run, then the final progress.json (what the follower waits for)."""
-        cfg = self.cfg
+        cfg, hosts = self.cfg, self.starts.hosts
         outcomes = {cfg.hosts[n]: rec.get("outcome") for n, rec in self.peers.exits.items()}
-        hosts = self.starts.hosts
         status = run_status(hosts, {**outcomes, cfg.host: outcome}, failure is not None)
         if status == "completed":
             self.records.write_report(cfg.run_id, hosts, cfg.nproc, cfg.straggler_ratio)
@@ -104,61 +98,68 @@ class Ending:
         self.records.write_progress(record, final=True)
 
     def _write_summary(self, outcome: str, standing: Standing, escalated: bool = False) -> None:
-        cfg, failure, starts = self.cfg, standing.failure, self.starts
-        if outcome == "failed" and failure:
-            if self.peers.leads:
-                self.records.write_failure(
-                    cfg.run_id, cfg.attempt, failure, cfg.log_tail_lines, standing.diagnosis
-                )
-            elif not standing.store_ok:
-                # The store's host is gone or this host is cut off: write the cause only if
-                # node rank 0 did not (it may still be there and have seen better).
-                before = self.records.progress()
-                if before.get("state") == "ended":
-                    return  # the run ended without this host (it was left out)
-                if not self.records.storage_silent:
-                    time.sleep(max(cfg.settle * 2, 3 * PROGRESS_EVERY))
-                    self.records.flush(cfg.storage_timeout)
-                summary = self.records.summary()
-                if self.records.storage_silent:
-                    return  # the storage went with node rank 0's host: nothing can be written
-                if summary.get("attempt") != cfg.attempt or "failure" not in summary:
-                    self.records.write_failure(cfg.run_id, cfg.attempt, failure, cfg.log_tail_lines)
-                    self.records.write_attempts(starts.attempts, starts.restarts, keep_part=True)
-                self._stand_in_for_rank0(before)
-        elif outcome == "stopped" and self.peers.leads and escalated:
-            self.records.write_stopped(cfg.attempt)
+        cfg, failure, records = self.cfg, standing.failure, self.records
+        if outcome == "stopped" and self.peers.leads and escalated:
+            records.write_stopped(cfg.attempt)
+        if outcome != "failed" or not failure:
+            return
+        if self.peers.leads:
+            records.write_failure(
+                cfg.run_id, cfg.attempt, failure, cfg.log_tail_lines, standing.diagnosis
+            )
+        if self.peers.leads or standing.store_ok:
+            return
+        # The store's host is gone or this host is cut off: write the cause only if node rank 0
+        # did not (it may still be there and have seen better).
+        before = records.progress()
+        if before.get("state") == "ended":
+            return  # the run ended without this host (it was left out)
+        if not records.storage_silent:
+            time.sleep(max(cfg.settle * 2, 3 * PROGRESS_EVERY))
+            records.flush(cfg.storage_timeout)
+        summary = records.summary()
+        if records.storage_silent:
+            return  # the storage went with node rank 0's host: nothing can be written
+        if summary.get("attempt") != cfg.attempt or "failure" not in summary:
+            records.write_failure(cfg.run_id, cfg.attempt, failure, cfg.log_tail_lines)
+            records.write_attempts(self.starts.attempts, self.starts.restarts, keep_part=True)
+        self._stand_in_for_rank0(before)
 
     def _stand_in_for_rank0(self, before: dict) -> None:
         """progress.json unchanged while node rank 0's agent would have rewritten it (every
         PROGRESS_EVERY s): that agent is gone, so say in its place that the run failed (a cut
         off host sees it change and leaves it to node rank 0)."""
-        cfg = self.cfg
-        now = self.records.progress()
-        if (
-            self.records.storage_silent
-            or now != before
-            or (now.get("attempt") == cfg.attempt and now.get("state") == "ended")
-        ):
+        cfg, now = self.cfg, self.records.progress()
+        ended = now.get("attempt") == cfg.attempt and now.get("state") == "ended"
+        if self.records.storage_silent or now != before or ended:
             return
-        record = {**now, "run_id": cfg.run_id, "attempt": cfg.attempt, "state": "ended",
-                  "status": "failed", "time": time.time()}  # fmt: skip
+        record = {
+            **now,
+            "run_id": cfg.run_id,
+            "attempt": cfg.attempt,
+            "state": "ended",
+            "status": "failed",
+            "time": time.time(),
+        }
         self.records.write_progress(record, final=True)
 
     def _write_program_summary(self, outcome: str, mine: dict) -> None:
-        cfg = self.cfg
-        exits = {**self.peers.exits, cfg.node_rank: mine}
+        cfg, exits = self.cfg, {**self.peers.exits, self.cfg.node_rank: mine}
         hosts = {}
         for node, name in enumerate(cfg.hosts):
             rec = exits.get(node, {})  # none: the host was left out of the run, or is unheard of
             absent = "no exit record" if node in self.peers.members else "left out"
             hosts[name] = {"exit_code": rec.get("exit_code"), "outcome": rec.get("outcome", absent)}
-        started = self.ranks.started or time.time()
-        attempts = self.starts.attempts
+        started, attempts = self.ranks.started or time.time(), self.starts.attempts
         world = attempts[-1]["world_size"] if attempts else cfg.world_size
-        facts = {"program": cfg.program, "world_size": world, "hosts": hosts,
-                 "started_at": started, "ended_at": mine["time"],
-                 "wall_time_sec": round(mine["time"] - started, 1)}  # fmt: skip
+        facts = {
+            "program": cfg.program,
+            "world_size": world,
+            "hosts": hosts,
+            "started_at": started,
+            "ended_at": mine["time"],
+            "wall_time_sec": round(mine["time"] - started, 1),
+        }
         self.records.write_program_summary(
             cfg.run_id, cfg.attempt, outcome, facts, cfg.log_tail_lines
         )
@@ -192,9 +193,8 @@ class Ending:
         self.records.write_progress(self._progress_record(now, "running"))
 
     def _progress_record(self, now: float, state: str, status: str = "running") -> dict:
-        cfg = self.cfg
-        views = self.peers.views
-        lead = (views.get(self.peers.members[0], {}).get("ranks") or [{}])[0]
+        cfg, peers = self.cfg, self.peers
+        lead = (peers.views.get(peers.members[0], {}).get("ranks") or [{}])[0]
         step, total = int(lead.get("step") or 0), int(lead.get("total_steps") or 0)
         eta = None
         if lead.get("phase") in ("train", "validate"):
@@ -206,22 +206,31 @@ class Ending:
                 eta = round((total - step) * (now - t0) / (step - s0), 1)
         hosts = {}
         for node, name in enumerate(cfg.hosts):
-            if node in self.peers.exits or views.get(node, {}).get("state") == "exited":
+            if node in peers.exits or peers.views.get(node, {}).get("state") == "exited":
                 hosts[name] = "exited"
-            elif node not in self.peers.members:
+            elif node not in peers.members:
                 hosts[name] = "left out"
-            elif node not in self.peers.seen:
+            elif node not in peers.seen:
                 hosts[name] = "starting"
-            elif now - self.peers.seen[node][1] > max(3 * cfg.tick, 5.0):
-                hosts[name] = "silent"
             else:
-                hosts[name] = "running"
+                silent = now - peers.seen[node][1] > max(3 * cfg.tick, 5.0)
+                hosts[name] = "silent" if silent else "running"
         return {
-            "run_id": cfg.run_id, "attempt": cfg.attempt, "state": state, "status": status,
-            "time": now, "step": step, "total_steps": total, "epoch": lead.get("epoch"),
-            "phase": lead.get("phase"), "loss": lead.get("loss"),
-            "images_per_sec": lead.get("images_per_sec"), "eta_sec": eta, "hosts": hosts,
+            "run_id": cfg.run_id,
+            "attempt": cfg.attempt,
+            "state": state,
+            "status": status,
+            "time": now,
+            "step": step,
+            "total_steps": total,
+            "epoch": lead.get("epoch"),
+            "phase": lead.get("phase"),
+            "loss": lead.get("loss"),
+            "images_per_sec": lead.get("images_per_sec"),
+            "eta_sec": eta,
+            "hosts": hosts,
             "elapsed_sec": round(now - self.ranks.started, 1) if self.ranks.started else 0.0,
-            "program": cfg.program, "restarts": self.starts.restarts,
+            "program": cfg.program,
+            "restarts": self.starts.restarts,
             "attempts": [dict(a) for a in self.starts.attempts],
-        }  # fmt: skip
+        }

@@ -1,27 +1,23 @@
 """Losing the host of the run's store (node rank 0's, or the host that took over since): another
 host takes over, with no controller.
 
-``FailOver`` does it for ``supervise.Agent``. With ``--addresses`` and a run that may shrink
-(``--min-hosts`` and ``--restarts``), the run has no host it cannot lose. When the agents lose
-the store (its host cut off, its container or machine gone), each ends its ranks; the
-lowest-ranked member left serves a new store on its own address (the same port), the others
-connect to it, and they regroup there in the next generation without the lost host and start
-again from the newest checkpoint, torchrun's master on the first member's host. Each store
-holds a sealed ``leader`` record (its host and generation): a host looking for the run (left
-out, cut off, its container started again) finds the newest by asking the other hosts' stores
-(``Membership.reconnect``), and rejoins at a checkpoint as any host does (regrow.py).
+With ``--addresses`` and a run that may shrink (``--min-hosts`` and ``--restarts``), the run has
+no host it cannot lose. When the agents lose the store, each ends its ranks; the lowest-ranked
+member left serves a new store on its own address (the same port), the others connect to it,
+and they regroup there without the lost host, from the newest checkpoint. Each store holds a
+sealed ``leader`` record (its host and generation): a host looking for the run finds the newest
+by asking the other hosts' stores, and rejoins at a checkpoint as any host does (regrow.py).
 
-A host cut off from every other cannot tell that from every other host being lost. The host
-that would lead alone while others were expected steps down (its store holds no run) and looks
-for the run's store as a host left out does; so does the lost store's host, which finds every
-other host silent. When too few hosts are left (``--min-hosts``) or no restart is left, the run
-fails, naming the lost host.
+A host cut off from every other cannot tell that from every other host being lost: the one
+that would lead alone while others were expected steps down and looks for the run's store as a
+host left out does. With too few hosts (``--min-hosts``) or no restart left, the run fails,
+naming the lost host.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, replace
 from typing import TYPE_CHECKING
 
 from ddpfleet_agent.machine import Standing
@@ -38,16 +34,19 @@ if TYPE_CHECKING:
     from ddpfleet_agent.restarts import Starts
 
 
+@dataclass(eq=False)
 class FailOver:
-    def __init__(self, cfg: AgentConfig, peers: Peers, ranks: LocalRanks, *, records: Records,
-                 starts: Starts, say: Callable[[str], None]) -> None:  # fmt: skip
-        self.cfg, self.peers, self.ranks, self.records = cfg, peers, ranks, records
-        self.starts, self.say = starts, say
+    cfg: AgentConfig
+    peers: Peers
+    ranks: LocalRanks
+    _: KW_ONLY
+    records: Records
+    starts: Starts
+    say: Callable[[str], None]
 
     def moved_on(self) -> bool:
-        """This agent starts in a run that went on under another host's store (its container
-        started again after a failover): progress.json says this attempt runs, and another
-        host's store names a later generation or another host than node rank 0."""
+        """This agent starts in a run that went on under another host's store: progress.json
+        says this attempt runs, and another host's store names a later generation or host."""
         progress = self.records.progress()
         if progress.get("attempt") != self.cfg.attempt or progress.get("state") != "running":
             return False
@@ -58,10 +57,8 @@ class FailOver:
         return any(node or generation for node, generation in found.items())
 
     def failed_over(self, standing: Standing) -> tuple[bool, Standing]:
-        """After the run's store was lost and the ranks ended, where the machine lets the run go
-        on (machine.py): under another host's store, the lowest-ranked member left (True); False
-        when this host is left out (it looks for the run) or the run cannot go on (the failure
-        says why)."""
+        """Go on under the lowest-ranked member left's store (True); False when this host is left
+        out (it looks for the run) or the run cannot go on (the failure says why)."""
         cfg, peers, cause = self.cfg, self.peers, standing.failure or {}
         lost = peers.leader
         left = [n for n in peers.members if n != lost]
@@ -83,8 +80,7 @@ class FailOver:
 
     def step_down(self, problem: Failure, standing: Standing) -> Standing:
         """This host serves the store and every other fell silent at once: it is the one cut
-        off, and the others go on under a new store's host. End the ranks, stop serving (no
-        failure is claimed) and look for the run's store as a host left out does."""
+        off. End the ranks and stop serving, claiming nothing; it looks for the run's store."""
         self.say(f"{problem.get('reason')}: it ends its ranks and stops serving the store")
         self.ranks.end()
         self.peers.step_down()

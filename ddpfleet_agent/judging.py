@@ -1,10 +1,7 @@
 """What an agent judges from what it sees: failures.py's rules applied to its ranks, its
-peers' views and keepalives, and the exit of its command.
-
-A failure is made here (``Judge.failure``, naming the host, rank and the step it had reached),
-claimed in the run's store (``claim``: the first claim wins, so every host names the same
-cause), looked for while the command runs (``Judge.check``) and named when it exits by itself
-(``Judge.ended``).
+peers' views and keepalives, and the exit of its command. A failure names the host, rank and
+the step it had reached; claimed in the run's store, the first claim wins, so every host names
+the same cause.
 """
 
 from __future__ import annotations
@@ -40,8 +37,16 @@ class Judge:
     def __init__(self, cfg: AgentConfig, peers: Peers, ranks: LocalRanks) -> None:
         self.cfg, self.peers, self.ranks = cfg, peers, ranks
 
-    def failure(self, node: int, reason: str, *, rank: int | None = None, code: int | None = None,
-                ranks: bool = False, gone: bool = False) -> Failure:  # fmt: skip
+    def failure(
+        self,
+        node: int,
+        reason: str,
+        *,
+        rank: int | None = None,
+        code: int | None = None,
+        ranks: bool = False,
+        gone: bool = False,
+    ) -> Failure:
         """The failure of ``node`` (its ``rank``, where one is to blame, and exit ``code``).
         ``ranks``: a failure of a rank's own (its exit, frozen), which a restart may heal;
         ``gone``: another host without a keepalive (the run may go on without it)."""
@@ -52,15 +57,17 @@ class Judge:
             rank = min((r["rank"] for r in views), default=first)  # before any view of it too
         local = rank_views(self.ranks.heartbeats(), 0) if node == self.cfg.node_rank else []
         step = {r["rank"]: r["step"] for r in [*views, *local]}.get(rank)  # its last word
-        return failures.failure(self.cfg.hosts, node, rank, code, reason, judge=self.cfg.host,
-                                step=step, restartable=ranks, gone=gone)  # fmt: skip
+        hosts, judge = self.cfg.hosts, self.cfg.host
+        return failures.failure(
+            hosts, node, rank, code, reason, judge=judge, step=step, restartable=ranks, gone=gone
+        )
 
     def store_lost(self, exc: Exception) -> Failure:
         """The failure of losing the store: its host, gone when another may take over."""
         node = self.peers.leader
         reason = f"lost the connection to the run's store on {self.cfg.hosts[node]} ({exc})"
-        return {**self.failure(node, reason, gone=self.cfg.can_fail_over),
-                "store_lost": True}  # fmt: skip
+        found = self.failure(node, reason, gone=self.cfg.can_fail_over)
+        return {**found, "store_lost": True}
 
     def ended(self, code: int, standing: Standing, stopping: bool) -> tuple[str, int, Standing]:
         """The command exited by itself: completed, stopped, or a failure to name."""
@@ -94,10 +101,9 @@ class Judge:
         return "failed", code, claim(self.peers, standing, mine)
 
     def check(self, now: float, started: float) -> Failure | None:
-        """A failure this agent sees while its command runs (``started`` then), or None
-        (failures.py's rules). The store's host that lost every other host at once is cut off,
-        whatever its own ranks do: where enough hosts are left the others go on without it
-        (failover.py)."""
+        """A failure this agent sees while its command runs (``started`` then), or None. The
+        store's host that lost every other host at once is cut off, whatever its own ranks do:
+        where enough hosts are left the others go on without it (failover.py)."""
         cfg, beat = self.cfg, self.cfg.heartbeat_timeout
         members = len(self.peers.members)
         silent = self.peers.silent(now, cfg.peer_timeout)

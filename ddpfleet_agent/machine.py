@@ -15,9 +15,9 @@ store, records), each of which reports back what happened as the next event::
 Bounds: from RUNNING, at most three transitions reach RUNNING or ENDED again. A way back to
 RUNNING costs a restart (FAIL_OVER, RESTART: ``failures.restart_refusal`` refuses past the
 allowed count), a regrow (node rank 0 ends a generation only for a host asking to come back,
-or to give the hosts new shares: ``failures.planned``)
-or a rejoin (this host was welcomed back by the run's store). FINISH is the last action of a
-transition to ENDED, and ENDED takes no event.
+or to give the hosts new shares: ``failures.planned``) or a rejoin (this host was welcomed
+back by the run's store). FINISH is the last action of a transition to ENDED, and ENDED takes
+no event.
 """
 
 from __future__ import annotations
@@ -31,25 +31,25 @@ from ddpfleet_agent import failures
 
 
 class State(enum.Enum):
-    STARTING = "starting"  # the agent started: its ranks are not started yet
-    RUNNING = "running"  # a generation's ranks run, supervised
+    STARTING = "starting"
+    RUNNING = "running"
     FAILING_OVER = "failing over"  # the run's store was lost: going on under another host's
-    RESTARTING = "restarting"  # the run failed: restarting from the newest checkpoint
-    REGROWING = "regrowing"  # hosts left out come back: restarting with them
+    RESTARTING = "restarting"  # from the newest checkpoint
+    REGROWING = "regrowing"  # restarting with hosts taken back or new shares
     LEFT_OUT = "left out"  # not in the run's generation: asking to come back
     ENDED = "ended"  # the agent's exit record is written: it exits
 
 
 class Action(enum.Enum):
-    START = "start"  # start the ranks (restarts.Starts.start)
+    START = "start"
     LEAVE = "leave"  # mark this host out of the run's generation (started again in the run)
     CLAIM = "claim"  # claim a failure of this host, the text its reason
-    FAIL_OVER = "fail over"  # serve or follow another host's store, regroup (failover.py)
-    RESTART = "restart"  # end the ranks, regroup, start again (restarts.py)
-    REGROW = "regrow"  # end the ranks, welcome hosts back, regroup (regrow.py)
+    FAIL_OVER = "fail over"
+    RESTART = "restart"
+    REGROW = "regrow"
     REJOIN = "rejoin"  # ask the run's store to come back until let in or the run ends
     REFUSE = "refuse"  # say in the failure's reason why the run was not restarted
-    FINISH = "finish"  # report the exit and end the ranks (ending.py)
+    FINISH = "finish"  # report the exit and end the ranks
 
 
 @dataclass(frozen=True)
@@ -63,16 +63,15 @@ class Do:
 
 @dataclass(frozen=True)
 class Facts:
-    """What the agent knows when it decides: its signals, store, config and restarts."""
+    """What the agent knows when it decides."""
 
-    outcome: str = "failed"  # the last generation's: completed, failed, stopped ('left out'
-    # before the first: an agent started again that is not let back ends so)
+    outcome: str = "failed"  # the last generation's ('left out' before the first)
     signalled: bool = False  # SIGTERM or SIGINT came
     store_ok: bool = True  # the run's store answers
     left_out: bool = False  # not in the run's current generation
     node_rank: int = 0
-    can_fail_over: bool = False  # cli.AgentConfig's
-    takes_hosts_back: bool = False  # cli.AgentConfig's
+    can_fail_over: bool = False
+    takes_hosts_back: bool = False
     restarts: int = 0  # allowed (--restarts)
     earlier: tuple[Mapping, ...] = ()  # the failures restarted after so far
     members: int = 1  # hosts of the generation that ended
@@ -83,8 +82,7 @@ class Facts:
 class Standing:
     """Where the run stands for this host, held by ``supervise.Agent`` alone: the adapters get
     it and hand a new one back. ``failure``: the one claimed (or judged) for this generation;
-    ``diagnosis``: where its ranks were (bundle.py, node rank 0's); ``store_ok``: the run's store
-    answers; ``left_out``: not in the run's current generation."""
+    ``diagnosis``: where its ranks were (bundle.py, node rank 0's)."""
 
     failure: failures.Failure | None = None
     diagnosis: str | None = None
@@ -94,8 +92,7 @@ class Standing:
 
 @dataclass(frozen=True)
 class Began:
-    """The agent reached the run's store; ``again``: its agent was started again in the run
-    (its container restarted: the run went on without it)."""
+    """The agent reached the run's store; ``again``: its agent was started again in the run."""
 
     facts: Facts
     again: bool = False
@@ -111,19 +108,19 @@ class Ended:
 
 @dataclass(frozen=True)
 class Reported:
-    """An adapter's answer: ``regrouped``: this host's ranks run in a new generation (else
-    it was left out, refused, not welcomed, or the run was over)."""
+    """An adapter's answer: ``regrouped``: this host's ranks run in a new generation."""
 
     facts: Facts
     regrouped: bool
 
 
 Event = Began | Ended | Reported
+Step = tuple[State, tuple[Do, ...]]
 HEALING = (State.FAILING_OVER, State.RESTARTING, State.REGROWING)
 NOT_BACK = "its agent was started again in the run, which takes no host back (min hosts 0)"
 
 
-def transition(state: State, event: Event) -> tuple[State, tuple[Do, ...]]:
+def transition(state: State, event: Event) -> Step:
     """The next state and the actions that take the agent there."""
     f = event.facts
     if state is State.STARTING and isinstance(event, Began):
@@ -135,20 +132,16 @@ def transition(state: State, event: Event) -> tuple[State, tuple[Do, ...]]:
     if state is State.RUNNING and isinstance(event, Ended):
         return _after_generation(f, event.cause)
     if (state in HEALING or state is State.LEFT_OUT) and isinstance(event, Reported):
-        return (State.RUNNING, ()) if event.regrouped else _not_regrouped(state, f)
+        if event.regrouped:
+            return State.RUNNING, ()
+        # a host that asked to come back ends; one that failed over asks only if left out
+        # (the new store answered otherwise: the run cannot go on)
+        ends = state is State.LEFT_OUT or (state is State.FAILING_OVER and not f.left_out)
+        return _finish(f, ()) if ends else _rejoin_or_finish(f, ())
     raise ValueError(f"no transition from {state.name} on {type(event).__name__}")
 
 
-def _not_regrouped(state: State, f: Facts) -> tuple[State, tuple[Do, ...]]:
-    """After an adapter that did not start this host's ranks again: a host that asked to come
-    back ends; one that failed over asks to come back only if left out (the new store answered
-    otherwise: the run cannot go on); after a restart or regrow, as may_rejoin says."""
-    if state is State.LEFT_OUT or (state is State.FAILING_OVER and not f.left_out):
-        return _finish(f, ())
-    return _rejoin_or_finish(f, ())
-
-
-def _after_generation(f: Facts, cause: Mapping | None) -> tuple[State, tuple[Do, ...]]:
+def _after_generation(f: Facts, cause: Mapping | None) -> Step:
     if cause and cause.get("store_lost") and f.can_fail_over and not f.signalled:
         why = _refusal({**cause, "node_rank": -1}, f)  # node rank 0's loss is no refusal here
         if why is None:  # members - 1 >= min_hosts >= 1 hosts are left: one takes over
@@ -166,10 +159,10 @@ def _after_generation(f: Facts, cause: Mapping | None) -> tuple[State, tuple[Do,
 
 
 def _refusal(cause: Any, f: Facts) -> str | None:
-    """failures.restart_refusal's verdict on ``cause`` after the restarts so far."""
     earlier: Any = list(f.earlier)
-    return failures.restart_refusal(cause, earlier, f.restarts, members=f.members,
-                                    min_hosts=f.min_hosts)  # fmt: skip
+    return failures.restart_refusal(
+        cause, earlier, f.restarts, members=f.members, min_hosts=f.min_hosts
+    )
 
 
 def may_rejoin(f: Facts) -> bool:
@@ -179,13 +172,11 @@ def may_rejoin(f: Facts) -> bool:
     return eligible and not f.signalled and (f.left_out or not f.store_ok)
 
 
-def _rejoin_or_finish(
-    f: Facts, said: tuple[Do, ...], *, again: bool = False
-) -> tuple[State, tuple[Do, ...]]:
+def _rejoin_or_finish(f: Facts, said: tuple[Do, ...], *, again: bool = False) -> Step:
     if may_rejoin(f):
         return State.LEFT_OUT, (*said, Do(Action.REJOIN, "again" if again else ""))
     return _finish(f, said)
 
 
-def _finish(f: Facts, said: tuple[Do, ...]) -> tuple[State, tuple[Do, ...]]:
+def _finish(f: Facts, said: tuple[Do, ...]) -> Step:
     return State.ENDED, (*said, Do(Action.FINISH, "left out" if f.left_out else f.outcome))

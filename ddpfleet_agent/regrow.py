@@ -2,24 +2,19 @@
 and new shares of the global batch for a host that became slow (``--rebalance``), the same way.
 
 ``Lead`` is node rank 0's watch for both, ``Regrow`` every member's way back. A host left out
-(cut off, or its agent judged gone) keeps its agent: its ranks are ended, and it tries the
-run's store every few seconds. A host whose agent was started again (its container restarted,
-or relaunched by a re-run of train.yml) does the same from its start: the store already has its
-keepalive. Once it reaches it, it asks to come back (``membership.ask_to_join``). Node rank 0's
-agent waits for the next checkpoint the ranks write (their heartbeat's ``saved`` step; not the
-one after the run's last step: the run is ending, the host is not taken back), then ends the
-generation with a claimed failure marked ``regrow`` (no forensics: nothing failed): every
-member kills its ranks, node rank 0 tells the host which generation it joins, and all regroup
-and restart from that checkpoint with it, at the run's first world size again. A host that gets
-no answer gives up when the store refuses (node rank 0's agent has ended: the run is over),
-when the run directory says the run ended, at the run's max_runtime, or on a stop.
+(cut off, judged gone, or its agent started again) keeps trying the run's store and asks to
+come back. Node rank 0 waits for the next checkpoint the ranks write (not the one after the
+run's last step: the run is ending), then ends the generation with a claimed failure marked
+``regrow`` (no forensics: nothing failed): all regroup and restart from that checkpoint with
+the host, at the run's first world size again. A host that gets no answer gives up when the run
+is over, at the run's max_runtime, or on a stop.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, replace
 from typing import TYPE_CHECKING
 
 from ddpfleet_agent import failures, stragglers
@@ -37,15 +32,15 @@ ASK_EVERY = 2.0  # seconds between a left-out host's tries of the store
 
 
 def _host_times(ranks: list[list[dict]]) -> list[float]:
-    """Each host's own time per image from its ranks' views: its slowest rank's (the host's
-    step waits for it); 0 where none is known yet."""
+    """Each host's time per image: its slowest rank's (the host's step waits for it), 0 where
+    none is known yet."""
     return [max((float(r.get("sec_per_image") or 0) for r in rs), default=0.0) for rs in ranks]
 
 
 class Lead:
     """Node rank 0's watch while the ranks run: hosts asking to come back (``join_wait``: they
-    and the step saved when they asked), and stragglers (``watch``, the detector's state;
-    ``rebalance_wait``: the new weights, the speeds and the step saved when it decided)."""
+    and the step saved when they asked), and stragglers (``watch``; ``rebalance_wait``: the new
+    weights, the speeds and the step saved when it decided)."""
 
     def __init__(self, cfg: AgentConfig, peers: Peers, say: Callable[[str], None]) -> None:
         self.cfg, self.peers, self.say = cfg, peers, say
@@ -58,17 +53,24 @@ class Lead:
         """A new start of the ranks: the detector counts its intervals only."""
         self.watch, self.rebalance_wait = self.watch.restarted(), None
 
+    def _ranks(self) -> list[list[dict]]:
+        """Each member's views of its ranks (node rank 0's first)."""
+        return [self.peers.views.get(n, {}).get("ranks") or [] for n in self.peers.members]
+
+    def _found(self, node: int, reason: str) -> Failure:
+        return failures.failure(self.cfg.hosts, node, None, None, reason, judge=self.cfg.host)
+
     def regrow(self, now: float) -> Failure | None:
-        """Node rank 0, while the ranks run: end the generation at the first checkpoint after a
-        host left out asked to come back (a claimed failure marked ``regrow``), else None."""
+        """End the generation at the first checkpoint after a host left out asked to come back
+        (a claimed failure marked ``regrow``), else None."""
         cfg, peers = self.cfg, self.peers
         everyone = len(peers.members) == len(cfg.hosts)
         if not peers.leads or everyone or now - self.join_checked < ASK_EVERY:
             return None
         self.join_checked = now
         asking = peers.joins()
-        lead = (peers.views.get(peers.members[0], {}).get("ranks") or [{}])[0]
-        saved = lead.get("saved")
+        lead = (self._ranks()[0] or [{}])[0]
+        saved, total = lead.get("saved"), lead.get("total_steps")
         if not asking:
             self.join_wait = None
             return None
@@ -79,35 +81,31 @@ class Lead:
             return None
         if saved is None or saved == self.join_wait[1]:
             return None
-        total = lead.get("total_steps")
         if total and saved >= total:  # the ranks are ending the run
             self.join_wait = (asking, saved)
             self.say(f"{names} not taken back: the run saved its last step ({int(saved)})")
             return None
         # the ranks may save again before they are ended: the restart's entry names the
         # checkpoint it resumed from once it knows it (restarts.Starts.track)
-        reason = f"{names} back after the checkpoint of step {int(saved)}"
-        found = failures.failure(cfg.hosts, asking[0], None, None, reason, judge=cfg.host)
+        found = self._found(asking[0], f"{names} back after the checkpoint of step {int(saved)}")
         return {**found, "regrow": asking}
 
     def rebalance(self, now: float, weights: dict[str, float] | None) -> Failure | None:
-        """Node rank 0, while the ranks run: once a host's share no longer fits its speed
-        (stragglers.observe), end the generation at the next checkpoint with new shares (a
-        claimed failure marked ``rebalance``: each host's weight, over ``weights``, the shares
-        now), else None."""
-        cfg, members = self.cfg, self.peers.members
-        ranks = [self.peers.views.get(n, {}).get("ranks") or [] for n in members]
+        """Once a host's share no longer fits its speed (stragglers.observe), end the generation
+        at the next checkpoint with new shares (a claimed failure marked ``rebalance``: each
+        host's weight, over ``weights``, the shares now), else None."""
+        cfg, members, ranks = self.cfg, self.peers.members, self._ranks()
         if not self.peers.leads or cfg.rebalance != "auto" or not all(ranks):
             return None
         saved, total = ranks[0][0].get("saved"), ranks[0][0].get("total_steps")
         if self.rebalance_wait is None:
             shares = [sum(int(r.get("batch") or 0) for r in rs) for rs in ranks]
-            times = _host_times(ranks)
             step = min(int(r.get("interval_step") or 0) for rs in ranks for r in rs)
+            times = _host_times(ranks)
             self.watch, middle = stragglers.observe(self.watch, step, shares, times, now)
             if middle is not None:
-                named = {cfg.hosts[n]: t for n, t in zip(members, middle, strict=True)}
-                speed = stragglers.weights(named)
+                named = zip((cfg.hosts[n] for n in members), middle, strict=True)
+                speed = stragglers.weights(dict(named))
                 self.rebalance_wait = ({**(weights or {}), **speed}, speed, saved)
                 said = ", ".join(f"{h} {s:.2f}x" for h, s in speed.items())
                 self.say(f"hosts' speeds {said}: new shares at the run's next checkpoint")
@@ -119,31 +117,33 @@ class Lead:
         if total and saved >= total:  # the ranks are ending the run
             return None
         slowest = min(members, key=lambda n: speed.get(cfg.hosts[n], 1.0))
-        reason = f"new shares after the checkpoint of step {int(saved)}"
-        found = failures.failure(cfg.hosts, slowest, None, None, reason, judge=cfg.host)
+        found = self._found(slowest, f"new shares after the checkpoint of step {int(saved)}")
         return {**found, "rebalance": weights, "speeds": speed}
 
     def speed(self) -> float | None:
         """This host's speed relative to the median member's (the metrics), None unknown."""
-        members, views = list(self.peers.members), self.peers.views
-        times = _host_times([views.get(n, {}).get("ranks") or [] for n in members])
+        times, members = _host_times(self._ranks()), self.peers.members
         if self.cfg.node_rank not in members or not all(times):
             return None
         return round(stragglers.speeds(times)[members.index(self.cfg.node_rank)], 3)
 
 
+@dataclass(eq=False)
 class Regrow:
     """Every member's way back: restarting with hosts taken back or new shares, and asking to
     come back once left out. ``stopped``: a stop came (SIGTERM, SIGINT)."""
 
-    def __init__(self, cfg: AgentConfig, peers: Peers, *, records: Records, starts: Starts,
-                 say: Callable[[str], None], stopped: Callable[[], bool]) -> None:  # fmt: skip
-        self.cfg, self.peers, self.records = cfg, peers, records
-        self.starts, self.say, self.stopped = starts, say, stopped
+    cfg: AgentConfig
+    peers: Peers
+    _: KW_ONLY
+    records: Records
+    starts: Starts
+    say: Callable[[str], None]
+    stopped: Callable[[], bool]
 
     def regrown(self, standing: Standing) -> tuple[bool, Standing]:
-        """Every member, once node rank 0 ended the generation to take hosts back or to give
-        the hosts new shares (its ranks ended): restart from the newest checkpoint with them."""
+        """Once node rank 0 ended the generation to take hosts back or to give new shares (the
+        ranks ended): restart from the newest checkpoint with them."""
         cause = standing.failure or {}
         joining = [int(n) for n in cause.get("regrow") or []]
         new = cause.get("rebalance") or {}
@@ -158,28 +158,16 @@ class Regrow:
                 return False, replace(standing, store_ok=False)
         return self.starts.regroup(after, standing, cause, [], joining=joining, weights=weights)
 
-    def rejoined(self, standing: Standing, again: bool = False) -> tuple[bool, Standing]:
-        """A host cut off or left out (not node rank 0), or whose agent was started ``again``
-        in the run (its container restarted: ``Peers.ran_before``): ask to come back until node
-        rank 0 lets it in, and start with the others (True); False when the run ends first or
-        on a stop (machine.may_rejoin says when it asks)."""
+    def rejoined(self, again: bool = False) -> dict | None:
+        """A host cut off or left out, or whose agent was started ``again`` in the run: try the
+        store every ASK_EVERY s and ask to come back until node rank 0 lets it in. Its answer
+        (generation, nodes, weights: ``supervise.Agent`` regroups with it), or None when the run
+        ended first, at the run's max_runtime or on a stop."""
         self.say(
             "started again in the run: it asks to come back until the run ends"
             if again
             else "out of the run: its ranks are ended; it asks to come back until the run ends"
         )
-        said = self._welcome_back(again)
-        if said is None:
-            return False, standing
-        self.peers.members = list(said["nodes"])
-        self.records.storage_silent = False  # back on the network: its storage may be too
-        self.say(f"back in the run at its generation {said['generation']}")
-        back = replace(standing, store_ok=True, left_out=False)  # with the run's new shares, if any
-        return self.starts.regroup(said["generation"], back, None, [], weights=said.get("weights"))
-
-    def _welcome_back(self, again: bool = False) -> dict | None:
-        """Try the store every ASK_EVERY s and ask to come back: node rank 0's answer, or None
-        when the run ended first (or a stop, or the run's max_runtime)."""
         limit = self.cfg.max_runtime and (self.starts.began() or time.time()) + self.cfg.max_runtime
         connected = False
         while not self.stopped() and not (limit and time.time() > limit):
@@ -192,6 +180,7 @@ class Regrow:
                     return None
                 said = self.peers.welcomed() if connected else None
                 if said is not None:
+                    self.say(f"back in the run at its generation {said['generation']}")
                     return said
                 if connected:
                     self.peers.ask_to_join()

@@ -5,10 +5,10 @@ restart_refusal`` allows it (a rank's failure on a host still there, restarts le
 same rank at the same step as before the last restart), every agent decides the same from the
 failure claimed in the store: it kills its ranks, says it is ready in the store's next
 generation (``Peers.regroup``), and once every host is, starts its command again with
-``DDPFLEET_RESTART=<n>`` (``RESTART_ENV``; ddpfleet's trainer then resumes from the newest
-checkpoint, whatever ``--resume`` said). Each start is an entry of the run's ``attempts`` list
-(progress.json, and summary.json at the end): hosts, world size, start time, the steps it ran,
-the cause of the restart and the heal time (the failure to the first step of the new start).
+``DDPFLEET_RESTART=<n>`` (ddpfleet's trainer then resumes from the newest checkpoint, whatever
+``--resume`` said). Each start is an entry of the run's ``attempts`` list (progress.json, and
+summary.json at the end): hosts, world size, start time, the steps it ran, the cause of the
+restart and the heal time (the failure to the first step of the new start).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,13 @@ from ddpfleet_agent.machine import Standing
 from ddpfleet_agent.peers import StoreLost
 from ddpfleet_agent.ranks import KILL_WAIT
 from ddpfleet_agent.records import cause_line
+
+if TYPE_CHECKING:
+    from ddpfleet_agent.cli import AgentConfig
+    from ddpfleet_agent.failures import Failure
+    from ddpfleet_agent.judging import Judge
+    from ddpfleet_agent.peers import Peers
+    from ddpfleet_agent.ranks import LocalRanks
 
 RESTART_ENV = "DDPFLEET_RESTART"  # the generation (starts before this one), in a restart's env
 NEWEST = "the newest checkpoint"  # a regrow's restart: which one, once its ranks say (track)
@@ -39,48 +46,42 @@ WEIGHTS_ENV = "DDPFLEET_BATCH_WEIGHTS"  # after a rebalance: a weight per rank o
 def regrouped(
     command: list[str], nnodes: int, node_rank: int, master: str | None = None
 ) -> list[str]:
-    """The command with torchrun's ``--nnodes`` and ``--node-rank`` for a new membership, and
-    its ``--master-addr`` where given (the first member's host: torchrun's node rank 0 serves
-    the rendezvous): torchrun's own options (``--name=value``, as launch.yml writes them, up to
-    the program)."""
+    """The command with torchrun's own ``--nnodes=``, ``--node-rank=`` and, where given,
+    ``--master-addr=`` (the first member's host: it serves the rendezvous) for a new membership
+    (its options up to the program, as launch.yml writes them)."""
     out = list(command)
     at = next((i for i, part in enumerate(out) if Path(part).name == "torchrun"), len(out))
+    new = {"--nnodes=": nnodes, "--node-rank=": node_rank}
+    if master:
+        new["--master-addr="] = master
     for i in range(at + 1, len(out)):
         if not out[i].startswith("--"):
             break
-        if out[i].startswith("--nnodes="):
-            out[i] = f"--nnodes={nnodes}"
-        elif out[i].startswith("--node-rank="):
-            out[i] = f"--node-rank={node_rank}"
-        elif master and out[i].startswith("--master-addr="):
-            out[i] = f"--master-addr={master}"
+        for option, value in new.items():
+            if out[i].startswith(option):
+                out[i] = f"{option}{value}"
     return out
 
 
-if TYPE_CHECKING:
-    from ddpfleet_agent.cli import AgentConfig
-    from ddpfleet_agent.failures import Failure
-    from ddpfleet_agent.judging import Judge
-    from ddpfleet_agent.peers import Peers
-    from ddpfleet_agent.ranks import LocalRanks
-
-
+@dataclass(eq=False)
 class Starts:
     """This host's starts of the command: the run's ``attempts`` (an entry per start), the
     failures it was restarted after (``causes``) and each host's weight of the global batch
     after a rebalance (``weights``, None: even shares)."""
 
-    def __init__(self, cfg: AgentConfig, peers: Peers, ranks: LocalRanks, *, judge: Judge,
-                 env: dict[str, str], say: Callable[[str], None]) -> None:  # fmt: skip
-        self.cfg, self.peers, self.ranks, self.judge, self.env = cfg, peers, ranks, judge, env
-        self.say = say
-        self.causes: list[Failure] = []
-        self.attempts: list[dict] = []
-        self.weights: dict[str, float] | None = None
+    cfg: AgentConfig
+    peers: Peers
+    ranks: LocalRanks
+    _: KW_ONLY
+    judge: Judge
+    env: dict[str, str]
+    say: Callable[[str], None]
+    causes: list[Failure] = field(default_factory=list)
+    attempts: list[dict] = field(default_factory=list)
+    weights: dict[str, float] | None = None
 
     @property
     def restarts(self) -> int:
-        """Restarts in place so far."""
         return len(self.causes)
 
     @property
@@ -103,7 +104,6 @@ class Starts:
         return self.restarts
 
     def ended(self, at: float) -> None:
-        """The current start ended ``at`` (its entry's end, as the attempts are written)."""
         self.attempts[-1]["ended"] = at
 
     def start(self, cause: Failure | None = None) -> None:
@@ -112,7 +112,6 @@ class Starts:
         cfg, env, members = self.cfg, self.env, self.peers.members
         if self.peers.generation:  # the trainer then resumes from the newest checkpoint
             env[RESTART_ENV] = str(self.peers.generation)
-        world = cfg.nproc * len(members) if cfg.world_size else None
         master = self.peers.address(members[0]) if cfg.addresses else None
         command = regrouped(cfg.command, len(members), members.index(cfg.node_rank), master)
         if len(members) < len(cfg.hosts):
@@ -122,21 +121,28 @@ class Starts:
             env.pop(FULL_WORLD_ENV, None)
             env.pop(KEPT_RANKS_ENV, None)
         if self.weights:  # new shares (regrow.py): a weight per global rank of the first world
-            env[WEIGHTS_ENV] = ",".join(f"{self.weights.get(h, 1.0):g}" for h in cfg.hosts
-                                        for _ in range(cfg.nproc))  # fmt: skip
+            weights = [self.weights.get(h, 1.0) for h in cfg.hosts for _ in range(cfg.nproc)]
+            env[WEIGHTS_ENV] = ",".join(f"{w:g}" for w in weights)
         self.ranks.start(command, env)
         why = None if cause is None else cause_line(cfg.run_id, cause)
-        if cause and cause.get("regrow"):  # the step: once the ranks say it (track)
-            back = ", ".join(cfg.hosts[n] for n in cause["regrow"])
-            why = f"{back} back: rejoined at {NEWEST}"
-        self.attempts.append({
-            "attempt": cfg.attempt, "restart": self.restarts, "started": self.ranks.started,
-            "hosts": self.hosts, "world_size": world, "global_batch": None, "shares": None,
-            "from_step": None, "to_step": None,
-            "cause": why,
-            "failed_at": cause.get("time") if cause else None, "heal_sec": None,
-        })  # fmt: skip
-        if cause and cause.get("rebalance"):  # its line once the new shares are known
+        cause = cause or {}
+        if cause.get("regrow"):  # the step: once the ranks say it (track)
+            why = f"{', '.join(cfg.hosts[n] for n in cause['regrow'])} back: rejoined at {NEWEST}"
+        world = cfg.nproc * len(members) if cfg.world_size else None
+        self.attempts.append(
+            {
+                "attempt": cfg.attempt,
+                "restart": self.restarts,
+                "started": self.ranks.started,
+                "hosts": self.hosts,
+                "world_size": world,
+                **dict.fromkeys(("global_batch", "shares", "from_step", "to_step")),
+                "cause": why,
+                "failed_at": cause.get("time"),
+                "heal_sec": None,
+            }
+        )
+        if cause.get("rebalance"):  # its line once the new shares are known (_shares)
             self.attempts[-1].update(cause="rebalanced", speeds=cause.get("speeds"))
 
     def track(self, now: float) -> None:
@@ -160,9 +166,9 @@ class Starts:
     def _shares(self, entry: dict) -> None:
         """The start's global batch and every rank's share of it (in micro-batches where
         more than one), as its ranks' heartbeats say once every rank has said it."""
-        ranks = sorted((r for n in self.peers.members
-                        for r in self.peers.views.get(n, {}).get("ranks") or []),
-                       key=lambda r: r["rank"])  # fmt: skip
+        views = self.peers.views
+        found = [r for n in self.peers.members for r in views.get(n, {}).get("ranks") or []]
+        ranks = sorted(found, key=lambda r: r["rank"])
         shares = [r.get("batch") for r in ranks]
         if not shares or None in shares or len(shares) != (entry["world_size"] or len(shares)):
             return
@@ -180,9 +186,8 @@ class Starts:
         return {h: sum(shares[i * nproc : (i + 1) * nproc]) for i, h in enumerate(entry["hosts"])}
 
     def restarted(self, standing: Standing) -> tuple[bool, Standing]:
-        """After the run failed, its ranks ended, and the machine restarts it (machine.py:
-        ``failures.restart_refusal`` allowed it): in place or without a host that is gone; True
-        when this host's ranks run again."""
+        """After the run failed, its ranks ended, and the machine restarts it: in place or
+        without a host that is gone; True when this host's ranks run again."""
         cause, cfg = standing.failure or {}, self.cfg
         without = f" without {cause.get('host')}" if cause.get("gone") else " in place"
         self.say(
@@ -192,9 +197,16 @@ class Starts:
         left_out = [int(cause.get("node_rank", -1))] if cause.get("gone") else []
         return self.regroup(len(self.attempts), standing, cause, left_out)
 
-    def regroup(self, generation: int, standing: Standing, cause: Failure | None,
-                left_out: list[int], *, joining: list[int] | None = None,
-                weights: dict[str, float] | None = None) -> tuple[bool, Standing]:  # fmt: skip
+    def regroup(
+        self,
+        generation: int,
+        standing: Standing,
+        cause: Failure | None,
+        left_out: list[int],
+        *,
+        joining: list[int] | None = None,
+        weights: dict[str, float] | None = None,
+    ) -> tuple[bool, Standing]:
         """Regroup the hosts for ``generation`` (membership.py) and start this host's ranks in
         it (True), with new ``weights`` if any; False when this host is not in it or the run
         cannot go on (the failure says why). The store's host that no other host came to, in a
@@ -213,8 +225,9 @@ class Starts:
             return False, replace(standing, left_out=True)
         missing = said["missing"]
         if missing and cfg.can_fail_over and said["nodes"] == [cfg.node_rank]:
-            self.say("no other host came to restart: it is the one cut off and stops serving "
-                     "the store")  # fmt: skip
+            self.say(
+                "no other host came to restart: it is the one cut off and stops serving the store"
+            )
             self.peers.step_down()
             return False, replace(standing, store_ok=False, left_out=True)
         if missing and (not cfg.min_hosts or failures.too_few(len(said["nodes"]), cfg.min_hosts)):

@@ -7,13 +7,11 @@ new shares of the same global batch (``weights``), which is not counted as a res
 The measure is each host's own time per image (``sec_per_image``: the trainer's data wait and
 forward pass, not the all-reduce that makes every host as slow as the slowest). With shares
 ``b`` and times ``t`` a step takes ``max(b * t)``; the balanced step is ``sum(b) / sum(1/t)``.
-A host's load is its step over the balanced one: 1.0 everywhere when the shares fit the
-speeds. Each host's figure is the median of its last ``WINDOW`` intervals (an interval of a
-few steps is noisy: 2-step intervals on the sandbox put a host 1.3x over in half of them,
-medians of 5 intervals of 4-6 steps never did); the run rebalances when a host's load from
-those medians was at least ``THRESHOLD`` in ``NEEDED`` evaluations in a row, at most
-``MOST_PER_HOUR`` times an hour. The same rule gives a share back: once the slow host is
-fast again, the hosts that took its images carry loads above the threshold.
+A host's load is its step over the balanced one. Each host's figure is the median of its last
+``WINDOW`` intervals (2-step intervals on the sandbox put a host 1.3x over in half of them,
+medians of 5 intervals of 4-6 steps never did); the run rebalances when a host's load was at
+least ``THRESHOLD`` in ``NEEDED`` evaluations in a row, at most ``MOST_PER_HOUR`` times an
+hour. The same rule gives a share back once the slow host is fast again.
 """
 
 from __future__ import annotations
@@ -85,9 +83,13 @@ def weights(times: Mapping[str, float]) -> dict[str, float]:
     return {n: round(s, 3) for n, s in zip(names, speeds([times[n] for n in names]), strict=True)}
 
 
-def change_line(before: Mapping[str, int], after: Mapping[str, int],
-                speed: Mapping[str, float]) -> str:  # fmt: skip
+def change_line(
+    before: Mapping[str, int], after: Mapping[str, int], speed: Mapping[str, float]
+) -> str:
     """``rebalanced: node3 4 -> 2 (0.31x)``: each host whose share of a step changed."""
-    moved = [f"{h} {before[h]} -> {after[h]} ({speed.get(h, 1.0):.2f}x)"
-             for h in after if h in before and before[h] != after[h]]  # fmt: skip
+    moved = [
+        f"{h} {before[h]} -> {after[h]} ({speed.get(h, 1.0):.2f}x)"
+        for h in after
+        if h in before and before[h] != after[h]
+    ]
     return "rebalanced: " + (", ".join(moved) or "the shares stay as they were")

@@ -25,31 +25,29 @@ from ddpfleet_agent.records import Records
 from ddpfleet_agent.regrow import Lead, Regrow
 from ddpfleet_agent.restarts import Starts
 
+CONFIG = ("node_rank", "can_fail_over", "takes_hosts_back", "restarts", "min_hosts")  # Facts'
+
 
 class Agent:
-    """Runs machine.py's transitions and carries each action out through its parts, which it
-    builds with what each needs: it alone holds the run's ``standing`` (machine.Standing), which
-    the parts get and hand back, and its signals."""
+    """Runs machine.py's transitions and carries each action out through the parts it builds;
+    it alone holds the run's ``standing``, which the parts get and hand back, and its signals."""
 
     def __init__(self, cfg: AgentConfig, child_env: dict[str, str] | None = None):
         self.cfg = cfg
         env = dict(os.environ) if child_env is None else child_env
         self.records = Records(cfg.run_dir, cfg.host, cfg.fallback_dir, cfg.storage_timeout)
         hb_dir = Path(tempfile.mkdtemp(prefix="ddpfleet-heartbeat-"))
-        self.ranks = LocalRanks(hb_dir, self.records.log)
+        self.ranks = ranks = LocalRanks(hb_dir, self.records.log)
         self.peers = peers = Peers(cfg, self.say)
-        self.judge = Judge(cfg, peers, self.ranks)
-        ranks, records, say = self.ranks, self.records, self.say
+        self.judge = Judge(cfg, peers, ranks)
+        records, say, stopped = self.records, self.say, lambda: bool(self.signum)
         self.starts = starts = Starts(cfg, peers, ranks, judge=self.judge, env=env, say=say)
         self.lead = Lead(cfg, peers, say)
         self.failover = FailOver(cfg, peers, ranks, records=records, starts=starts, say=say)
-        self.regrow = Regrow(cfg, peers, records=records, starts=starts, say=say,
-                             stopped=lambda: bool(self.signum))  # fmt: skip
+        self.regrow = Regrow(cfg, peers, records=records, starts=starts, say=say, stopped=stopped)
         self.ending = Ending(cfg, peers, ranks, records=records, starts=starts, say=say)
         self.standing = Standing()
-        self.signum = 0
-        self.stopping_since = 0.0
-        self.escalated = False
+        self.signum, self.stopping_since, self.escalated = 0, 0.0, False
 
     def say(self, text: str) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -89,10 +87,8 @@ class Agent:
         cfg = self.cfg
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        self.say(
-            f"node_rank {cfg.node_rank} of {len(cfg.hosts)}, attempt {cfg.attempt}: "
-            + " ".join(cfg.command)
-        )
+        command = " ".join(cfg.command)
+        self.say(f"node_rank {cfg.node_rank} of {len(cfg.hosts)}, attempt {cfg.attempt}: {command}")
         try:
             self.peers.read_key()
             moved_on = cfg.can_fail_over and self.failover.moved_on()
@@ -106,7 +102,6 @@ class Agent:
             self.say(why)  # the run goes on without its metrics
         # started again in a run that went on under another host's store, or in the run
         again = moved_on or bool(cfg.node_rank and self.peers.ran_before())
-        # the machine (machine.py) decides each step, the adapters below carry it out
         state, event = State.STARTING, Began(self._facts("left out"), again)
         code = 1
         while True:
@@ -123,21 +118,24 @@ class Agent:
                 event = Reported(self._facts(event.facts.outcome), regrouped)
 
     def _facts(self, outcome: str) -> Facts:
-        """What the machine decides from: this agent's signals, store, config and restarts."""
-        cfg, standing = self.cfg, self.standing
-        return Facts(outcome=outcome, signalled=bool(self.signum), store_ok=standing.store_ok,
-                     left_out=standing.left_out, node_rank=cfg.node_rank,
-                     can_fail_over=cfg.can_fail_over, takes_hosts_back=cfg.takes_hosts_back,
-                     restarts=cfg.restarts, earlier=tuple(self.starts.causes),
-                     members=len(self.peers.members), min_hosts=cfg.min_hosts)  # fmt: skip
+        standing, config = self.standing, {k: getattr(self.cfg, k) for k in CONFIG}
+        return Facts(
+            outcome=outcome,
+            signalled=bool(self.signum),
+            store_ok=standing.store_ok,
+            left_out=standing.left_out,
+            earlier=tuple(self.starts.causes),
+            members=len(self.peers.members),
+            **config,
+        )
 
     def _carry_out(self, do: Do) -> bool:
-        """One of the machine's actions, by its adapter: True when this host's ranks run (again)."""
+        """One of the machine's actions: True when this host's ranks run (again)."""
         standing = self.standing
         if do.action is Action.REFUSE:  # why the failed run was not restarted
             cause = standing.failure or {}
-            reason = f"{cause.get('reason')}; {do.text}"
-            self.standing = replace(standing, failure={**cause, "reason": reason})
+            failure = {**cause, "reason": f"{cause.get('reason')}; {do.text}"}
+            self.standing = replace(standing, failure=failure)
         elif do.action is Action.LEAVE:  # not in the run's generation until it is let back
             self.standing = replace(standing, left_out=True)
         elif do.action is Action.CLAIM:
@@ -149,15 +147,27 @@ class Agent:
             return True
         else:  # the generation's ranks end first, their last output drained
             self.ranks.end()
-            again = do.text == "again"
-            heal = {Action.FAIL_OVER: self.failover.failed_over,
-                    Action.RESTART: self.starts.restarted, Action.REGROW: self.regrow.regrown,
-                    Action.REJOIN: lambda at: self.regrow.rejoined(at, again)}  # fmt: skip
+            heal = {
+                Action.FAIL_OVER: self.failover.failed_over,
+                Action.RESTART: self.starts.restarted,
+                Action.REGROW: self.regrow.regrown,
+                Action.REJOIN: lambda at: self._rejoin(at, do.text == "again"),
+            }
             started, self.standing = heal[do.action](standing)
             if started:
                 self.lead.restarted()
             return started
         return False
+
+    def _rejoin(self, standing: Standing, again: bool) -> tuple[bool, Standing]:
+        """Ask to come back (regrow.py); let in, regroup with the members node rank 0 named."""
+        said = self.regrow.rejoined(again)
+        if said is None:
+            return False, standing
+        self.peers.members = list(said["nodes"])
+        self.records.storage_silent = False  # back on the network: its storage may be too
+        back = replace(standing, store_ok=True, left_out=False)  # with the run's new shares
+        return self.starts.regroup(said["generation"], back, None, [], weights=said.get("weights"))
 
     def _serve_metrics(self) -> str:
         """Start the Prometheus endpoint; why not, in one line ('' when it serves)."""
@@ -165,8 +175,10 @@ class Agent:
             from ddpfleet_agent import exporter  # noqa: PLC0415
         except ImportError as exc:
             return f"no metrics endpoint: {exc}"
-        return exporter.serve(self.cfg, lambda: (self.starts.restarts, self.ranks.started,
-                                                 self.ranks.beats, self.lead.speed()))  # fmt: skip
+        starts, ranks, lead = self.starts, self.ranks, self.lead
+        return exporter.serve(
+            self.cfg, lambda: (starts.restarts, ranks.started, ranks.beats, lead.speed())
+        )
 
     def _finish(self, outcome: str, code: int) -> int:
         return self.ending.finish(outcome, code, self.standing, self.escalated)
@@ -177,18 +189,16 @@ class Agent:
             now = time.time()
             code = self.ranks.poll()
             try:
-                failure, stop = self.peers.exchange(
-                    self.ranks.record("exited" if code is not None else "running")
-                )
+                record = self.ranks.record("exited" if code is not None else "running")
+                failure, stop = self.peers.exchange(record)
             except StoreLost as exc:
                 self.standing = replace(self.standing, store_ok=False)
                 if code == 0:
                     return "completed", 0
-                self._end_ranks(replace(self.standing, failure=self.judge.store_lost(exc)))
-                return "failed", 1
+                failure, code = self.judge.store_lost(exc), 1  # its ranks are ended as failed
             if failure is not None:
                 self._end_ranks(replace(self.standing, failure=failure))
-                return ("completed", 0) if code == 0 else ("failed", code if code else 1)
+                return ("completed", 0) if code == 0 else ("failed", code or 1)
             if (self.signum or stop) and not self.stopping_since:
                 self._begin_stop(stop)
             if code is not None:
@@ -212,20 +222,18 @@ class Agent:
             time.sleep(cfg.tick)
 
     def _check(self, now: float) -> Failure | None:
-        """A failure seen while the ranks run, or node rank 0's end of a generation to take
-        hosts back or give new shares (regrow.py), or None."""
-        started = self.starts.began() or now
-        return (self.judge.check(now, started) or self.lead.regrow(now)
-                or self.lead.rebalance(now, self.starts.weights))  # fmt: skip
+        """A failure seen while the ranks run, or node rank 0's planned end of a generation."""
+        found = self.judge.check(now, self.starts.began() or now)
+        return found or self.lead.regrow(now) or self.lead.rebalance(now, self.starts.weights)
 
     def _end_ranks(self, standing: Standing) -> None:
         """Kill the ranks of a failed run, after the forensics bundle of those still running."""
         failure = standing.failure or {}
         if self.ranks.poll() is None and not failures.planned(failure):  # nothing failed
+            parts, label = (self.cfg, self.peers, self.ranks, self.records), self.starts.label
             diagnosis, store_ok = bundle.take(
-                self.cfg, self.peers, self.ranks, self.records, failure, say=self.say,
-                label=self.starts.label,
-                store_ok=standing.store_ok)  # fmt: skip
+                *parts, failure, say=self.say, label=label, store_ok=standing.store_ok
+            )
             standing = replace(standing, diagnosis=diagnosis, store_ok=store_ok)
         self.standing = standing
         self.ranks.kill_all()

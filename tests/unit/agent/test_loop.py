@@ -66,7 +66,7 @@ def scripted(tmp_path, monkeypatch):
         agent._supervise = supervise
         agent.starts.restarted = restarted
         agent.failover.failed_over = lambda standing: call(("fail over",), True, standing)
-        agent.regrow.rejoined = lambda standing, again: call(("rejoin", again), False, standing)
+        agent.regrow.rejoined = lambda again: calls.append(("rejoin", again))  # not let back
         agent._finish = lambda outcome, code: calls.append(("finish", outcome, code)) or code
         return agent, calls
 
