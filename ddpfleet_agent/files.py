@@ -1,5 +1,5 @@
 """Files of the run directory, written whole and read without following links: the shared
-storage's primitives the agent and the trainer use (``records.py`` queues them off the agent's
+storage's primitives of the agent and the trainer (``records.py`` queues them off the agent's
 loop)."""
 
 from __future__ import annotations
@@ -10,6 +10,10 @@ import os
 import threading
 from pathlib import Path
 
+# How long the agent waits for one read of the shared storage before it counts the storage as
+# gone (a hard NFS mount whose server died blocks a read for ever).
+STORAGE_READ_TIMEOUT = 10.0
+
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write through a temp file beside path and os.replace: a reader sees old or new, whole."""
@@ -19,7 +23,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 
 
 def write_json_atomic(path: Path, obj: object, indent: int | None = 2) -> None:
-    """JSON, keys sorted, through ``write_bytes_atomic`` (indent None: one line)."""
+    """JSON, keys sorted (indent None: one line)."""
     write_bytes_atomic(path, (json.dumps(obj, indent=indent, sort_keys=True) + "\n").encode())
 
 
@@ -33,11 +37,6 @@ def read_json(path: Path) -> dict:
         data = json.load(fh)
         return data if isinstance(data, dict) else {}
     return {}
-
-
-# How long the agent waits for one read of the shared storage before it counts the storage as
-# gone (a hard NFS mount whose server died blocks a read for ever).
-STORAGE_READ_TIMEOUT = 10.0
 
 
 def call_within(fn, timeout: float) -> list:
@@ -56,8 +55,8 @@ def read_json_within(path: Path, timeout: float) -> dict | None:
     return box[0] if box else None
 
 
-def append_line(path: Path, line: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o640)
+def append_line(path: Path, line: str, mode: int = 0o640) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, mode)
     with os.fdopen(fd, "a", encoding="utf-8") as fh:
         fh.write(line if line.endswith("\n") else line + "\n")
 
@@ -69,8 +68,7 @@ def tail_lines(path: Path, count: int) -> list[str]:
     except OSError:
         return []
     with os.fdopen(fd, "rb") as fh:
-        fh.seek(0, os.SEEK_END)
-        fh.seek(max(fh.tell() - 65536, 0))
+        fh.seek(max(fh.seek(0, os.SEEK_END) - 65536, 0))
         text = fh.read().decode("utf-8", "replace")
     lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
     return lines[-count:] if count > 0 else []
