@@ -1,18 +1,16 @@
 """The agent's Prometheus endpoint (``--metrics ADDR:PORT``): this host's ranks as the agent
 last read their heartbeats, and this host's GPUs through NVML where there are any.
 
-Served by prometheus_client's HTTP server in a daemon thread, on the host's cluster address
-only; every scrape reads the agent's latest heartbeats (one supervision tick old at most), so a
-rank that stops beating shows as a growing heartbeat age, and a host that is gone as a target
-that is down, never as a stale value. Names follow Prometheus' conventions: ``ddpfleet_``,
-base units in the name (seconds, bytes, ratio, per_second), labels of low cardinality (rank,
-gpu, phase); the run's identity is one info metric, joinable on the target's labels.
+prometheus_client's HTTP server in a daemon thread, on the host's cluster address only. A
+scrape reads the latest heartbeats (one tick old at most): a rank that stops beating shows a
+growing heartbeat age, a host that is gone a target that is down, never a stale value. Names
+follow Prometheus' conventions (``ddpfleet_``, base units, low-cardinality labels); the run's
+identity is one info metric, joinable on the target's labels.
 
-It answers only a scrape of its own run: Prometheus asks with ``?run_id=<id>`` (the
-``__param_run_id`` of the run's discovery file, announce.yml). A target left over from an
-earlier run on the same host and port, which Prometheus keeps scraping for up to ~10 s after
-the new run's file replaced it (discovery and scrape reloads are each throttled to 5 s), gets
-404 and shows as down, instead of this run's metrics filed under the old run's id.
+It answers only a scrape of its own run (``?run_id=<id>``, from the run's discovery file,
+announce.yml): a target an earlier run on this host and port left behind, which Prometheus
+keeps scraping for up to ~10 s (its reloads are throttled to 5 s), gets 404 and shows as down
+instead of filing this run's metrics under the old run's id.
 """
 
 from __future__ import annotations
@@ -68,20 +66,20 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-def _gauge(name: str) -> GaugeMetricFamily:
+def _gauge(name: str, value: float | None = None) -> GaugeMetricFamily:
+    """The family of GAUGES' ``name``; with ``value``, its one unlabelled sample."""
     doc, labels = GAUGES[name]
-    return GaugeMetricFamily(f"ddpfleet_{name}", doc, labels=list(labels))
+    family = GaugeMetricFamily(f"ddpfleet_{name}", doc, labels=list(labels))
+    if value is not None:
+        family.add_metric([], value)
+    return family
 
 
 def rank_metrics(beats: dict[int, dict], now: float) -> Iterator[Metric]:
     """Per rank: step, heartbeat and progress ages, phase; per host: the ranks' own img/s
     summed; per run: the last interval's loss and total img/s (the ranks agree on them)."""
-    step = _gauge("rank_step")
-    total = _gauge("rank_total_steps")
-    live = _gauge("rank_heartbeat_age_seconds")
-    moved = _gauge("rank_progress_age_seconds")
-    phase = _gauge("rank_phase")
-    own = [number(b.get("rank_images_per_sec")) for b in beats.values()]
+    names = ("step", "total_steps", "heartbeat_age_seconds", "progress_age_seconds", "phase")
+    step, total, live, moved, phase = (_gauge(f"rank_{name}") for name in names)
     for rank, beat in sorted(beats.items()):
         label = [str(rank)]
         step.add_metric(label, number(beat.get("step")) or 0.0)
@@ -94,16 +92,13 @@ def rank_metrics(beats: dict[int, dict], now: float) -> Iterator[Metric]:
         for name in (*PHASES, *(() if current in PHASES else (current,))):
             phase.add_metric([*label, name], float(name == current))
     yield from (step, total, live, moved, phase)
-    if own and all(r is not None for r in own):
-        host = _gauge("host_images_per_second")
-        host.add_metric([], sum(own))  # type: ignore[arg-type]
-        yield host
+    own = [number(b.get("rank_images_per_sec")) for b in beats.values()]
+    if own and None not in own:
+        yield _gauge("host_images_per_second", sum(own))  # type: ignore[arg-type]
     for key, name in (("loss", "run_loss"), ("images_per_sec", "run_images_per_second")):
         known = [v for _, b in sorted(beats.items()) if (v := number(b.get(key))) is not None]
         if known:
-            family = _gauge(name)
-            family.add_metric([], known[0])
-            yield family
+            yield _gauge(name, known[0])
 
 
 class Gpus:
@@ -122,10 +117,8 @@ class Gpus:
         nvml = self.nvml
         if nvml is None:
             return
-        util = _gauge("gpu_utilization_ratio")
-        used = _gauge("gpu_memory_used_bytes")
-        size = _gauge("gpu_memory_total_bytes")
-        temp = _gauge("gpu_temperature_celsius")
+        names = ("utilization_ratio", "memory_used_bytes", "memory_total_bytes")
+        util, used, size, temp = (_gauge(f"gpu_{n}") for n in (*names, "temperature_celsius"))
         for index in range(nvml.nvmlDeviceGetCount()):
             handle, label = nvml.nvmlDeviceGetHandleByIndex(index), [str(index)]
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
@@ -147,24 +140,16 @@ class RunCollector:
     def collect(self) -> Iterator[Metric]:
         cfg = self.cfg
         count, started, beats, speed = self.read()
-        info = InfoMetricFamily("ddpfleet_run", "The run this agent supervises.")
-        info.add_metric([], {"run_id": cfg.run_id, "host": cfg.host, "attempt": cfg.attempt,
-                             "node_rank": str(cfg.node_rank)})  # fmt: skip
-        yield info
-        restarts = CounterMetricFamily(
-            "ddpfleet_run_restarts", "Restarts in place of the run so far (train_restarts)."
-        )
-        restarts.add_metric([], float(count))
-        yield restarts
+        ids = {"run_id": cfg.run_id, "host": cfg.host, "attempt": cfg.attempt}
+        ids["node_rank"] = str(cfg.node_rank)
+        yield InfoMetricFamily("ddpfleet_run", "The run this agent supervises.", ids)
+        doc = "Restarts in place of the run so far (train_restarts)."
+        yield CounterMetricFamily("ddpfleet_run_restarts", doc, float(count))
         if started:
-            began = _gauge("run_attempt_start_time_seconds")
-            began.add_metric([], started)
-            yield began
+            yield _gauge("run_attempt_start_time_seconds", started)
         yield from rank_metrics(dict(beats), time.time())
         if speed is not None:
-            ratio = _gauge("host_speed_ratio")
-            ratio.add_metric([], speed)
-            yield ratio
+            yield _gauge("host_speed_ratio", speed)
         yield from self.gpus.collect()
 
 

@@ -1,9 +1,9 @@
 """The run's state as the controller shows it, from the records its agents write.
 
-train.yml's follow and status.yml read a run with one command on node rank 0's host
-(``read_command``: ``ddpfleet_agent/reader.py`` run by that host's python3, read-only), then
-``snapshot`` picks one attempt's records, ``progress_line`` is the line printed while
-following, and ``run_status``/``status_lines`` are status.yml's report. The Ansible side is
+train.yml's follow and status.yml read a run with one read-only command on node rank 0's host
+(``read_command``: reader.py run by that host's python3); ``snapshot`` picks one attempt's
+records, ``progress_line`` is the line printed while following, ``run_status`` and
+``status_lines`` are status.yml's report. The Ansible side:
 ``roles/trainer_run/action_plugins/ddpfleet_run_follow.py``.
 """
 
@@ -25,10 +25,9 @@ TEXT = ("report.txt",)  # records that are not JSON: parse keeps them as {"text"
 READER = (Path(__file__).resolve().parent / "reader.py").read_text()
 
 
-# A read of the run directory that takes longer (beyond the wait it was asked for) has met a
-# shared storage that is gone (a hard NFS mount blocks): timeout(1) ends it with exit code 124.
-# A read that answers takes well under a second; status.yml waits this long on a host cut off
-# from the storage before it reads on the other trainers (state.yml).
+# A read that answers takes well under a second; one that takes this long (beyond the wait it was
+# asked for) has met a shared storage that is gone (a hard NFS mount blocks): timeout(1) ends it
+# with exit code 124. status.yml then reads on the other trainers (state.yml).
 READ_TIMEOUT = 30
 
 
@@ -36,9 +35,7 @@ def read_command(run_dir: str, uid: int, gid: int, wait: float = 0.0) -> str:
     """One read-only command: each record that exists, behind a marker line, once progress.json
     says the run ended or after ``wait`` seconds (reader.py re-reads it meanwhile)."""
     args = [run_dir, str(uid), str(gid), MARK, f"{wait:g}"]
-    return f"timeout -k 5 {READ_TIMEOUT + wait:g} python3 -c {shlex.quote(READER)} " + " ".join(
-        shlex.quote(a) for a in args
-    )
+    return f"timeout -k 5 {READ_TIMEOUT + wait:g} " + shlex.join(["python3", "-c", READER, *args])
 
 
 def read_error(res: dict) -> str:
@@ -65,13 +62,9 @@ def fallback_report(slurped: list[dict], run_id: str, error: str) -> list[str]:
             lines.append(f"{host}: no exit record (its agent did not end, or the host is gone)")
             continue
         failure = rec.get("failure")
-        what = rec.get("cause") or (
-            cause_line(run_id, failure) if isinstance(failure, dict) else rec.get("outcome")
-        )
-        lines.append(
-            f"{host}: {rec.get('outcome')} (exit code {rec.get('exit_code')}, attempt "
-            f"{rec.get('attempt')}): {what}"
-        )
+        said = cause_line(run_id, failure) if isinstance(failure, dict) else rec.get("outcome")
+        code = f"exit code {rec.get('exit_code')}, attempt {rec.get('attempt')}"
+        lines.append(f"{host}: {rec.get('outcome')} ({code}): {rec.get('cause') or said}")
     return lines
 
 
@@ -133,16 +126,15 @@ def progress_line(run_id: str, p: dict, hosts: list[str]) -> str:
     """run r: step 40/100 (40%), loss 6.1234, 55.2 img/s, ETA 1m05s, hosts running 3/3
     (phase train); hosts not running are named (hosts running 2/3: node3 silent), and new
     shares of the start that runs (phase train, rebalanced: node3 4 -> 2 (0.31x))."""
-    step, total = int(p.get("step") or 0), int(p.get("total_steps") or 0)
-    where = f"step {step}/{total} ({100 * step // total}%)" if total > 0 else f"step {step}"
     states = p.get("hosts") or {}
     up = [h for h in hosts if states.get(h) == "running"]
     others = ", ".join(f"{h} {states.get(h, 'unknown')}" for h in hosts if h not in up)
+    running = f"hosts running {len(up)}/{len(hosts)}{': ' + others if others else ''}"
     if p.get("program") and not p.get("phase"):  # a user's program that writes no heartbeat
-        return (
-            f"run {run_id}: running {duration(p.get('elapsed_sec'))} (no progress reported), "
-            f"hosts running {len(up)}/{len(hosts)}{': ' + others if others else ''}"
-        )
+        elapsed = duration(p.get("elapsed_sec"))
+        return f"run {run_id}: running {elapsed} (no progress reported), {running}"
+    step, total = int(p.get("step") or 0), int(p.get("total_steps") or 0)
+    where = f"step {step}/{total} ({100 * step // total}%)" if total > 0 else f"step {step}"
     restarts = f", restarts {p['restarts']}" if p.get("restarts") else ""
     last = (p.get("attempts") or [{}])[-1]
     if isinstance(last, dict) and str(last.get("cause")).startswith("rebalanced: "):
@@ -150,8 +142,7 @@ def progress_line(run_id: str, p: dict, hosts: list[str]) -> str:
     return (
         f"run {run_id}: {where}, loss {shown(p.get('loss'), '.4f')}, "
         f"{shown(p.get('images_per_sec'), '.1f')} img/s, ETA {duration(p.get('eta_sec'))}, "
-        f"hosts running {len(up)}/{len(hosts)}{': ' + others if others else ''}"
-        f" (phase {p.get('phase') or '?'}{restarts})"
+        f"{running} (phase {p.get('phase') or '?'}{restarts})"
     )
 
 
@@ -166,8 +157,8 @@ def restart_lines(run_id: str, p: dict, shown: int) -> list[str]:
             lines.append(f"run {run_id}: {a['cause']} ({n}) from the newest checkpoint")
             continue
         where = f"on {len(a.get('hosts') or [])} hosts ({change})" if change else "in place"
-        lines.append(f"run {run_id}: restarted {where} ({n}) from the newest checkpoint after: "
-                     f"{a.get('cause')}")  # fmt: skip
+        restarted = f"run {run_id}: restarted {where} ({n}) from the newest checkpoint"
+        lines.append(f"{restarted} after: {a.get('cause')}")
     return lines
 
 
