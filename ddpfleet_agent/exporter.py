@@ -102,8 +102,8 @@ def rank_metrics(beats: dict[int, dict], now: float) -> Iterator[Metric]:
 
 
 class Gpus:
-    """This host's GPUs through NVML (nvidia-ml-py); nothing where NVML does not load.
-    Verified only on GPU hosts."""
+    """This host's GPUs through NVML (nvidia-ml-py; verified only on GPU hosts); nothing where
+    NVML does not load."""
 
     def __init__(self) -> None:
         self.nvml: Any = None
@@ -117,25 +117,23 @@ class Gpus:
         nvml = self.nvml
         if nvml is None:
             return
-        names = ("utilization_ratio", "memory_used_bytes", "memory_total_bytes")
-        util, used, size, temp = (_gauge(f"gpu_{n}") for n in (*names, "temperature_celsius"))
+        families = [_gauge(name) for name in GAUGES if name.startswith("gpu_")]
         for index in range(nvml.nvmlDeviceGetCount()):
-            handle, label = nvml.nvmlDeviceGetHandleByIndex(index), [str(index)]
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            busy = nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-            util.add_metric(label, nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0)
-            used.add_metric(label, float(memory.used))
-            size.add_metric(label, float(memory.total))
             celsius = nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
-            temp.add_metric(label, float(celsius))
-        yield from (util, used, size, temp)
+            values = (busy, memory.used, memory.total, celsius)  # GAUGES' order
+            for family, value in zip(families, values, strict=True):
+                family.add_metric([str(index)], float(value))
+        yield from families
 
 
 class RunCollector:
     """What one scrape of an agent returns (prometheus_client's custom collector)."""
 
     def __init__(self, cfg: AgentConfig, read: Reading, gpus: Gpus | None = None):
-        self.cfg, self.read = cfg, read
-        self.gpus = gpus or Gpus()
+        self.cfg, self.read, self.gpus = cfg, read, gpus or Gpus()
 
     def collect(self) -> Iterator[Metric]:
         cfg = self.cfg

@@ -10,7 +10,6 @@ records, ``progress_line`` is the line printed while following, ``run_status`` a
 from __future__ import annotations
 
 import base64
-import binascii
 import contextlib
 import json
 import shlex
@@ -32,17 +31,16 @@ READ_TIMEOUT = 30
 
 
 def read_command(run_dir: str, uid: int, gid: int, wait: float = 0.0) -> str:
-    """One read-only command: each record that exists, behind a marker line, once progress.json
-    says the run ended or after ``wait`` seconds (reader.py re-reads it meanwhile)."""
+    """One read-only command: each record, behind a marker line, once progress.json says the
+    run ended or after ``wait`` seconds."""
     args = [run_dir, str(uid), str(gid), MARK, f"{wait:g}"]
     return f"timeout -k 5 {READ_TIMEOUT + wait:g} " + shlex.join(["python3", "-c", READER, *args])
 
 
 def read_error(res: dict) -> str:
-    """Why a read_command failed, from its result (rc, stdout, stderr): the reader's one line
-    (in stdout where become gives a tty), or timeout(1)'s end of a read that did not answer
-    (one that waited too: its reads of progress.json are a tick apart, so the one that hung
-    went unanswered for READ_TIMEOUT s at least)."""
+    """Why a read_command failed: the reader's one line (in stdout where become gives a tty),
+    or timeout(1)'s end of a read that hung (a waiting read's reads are a tick apart, so the
+    one that hung went unanswered for READ_TIMEOUT s at least)."""
     if res.get("rc") in (124, 137):
         return f"no answer within {READ_TIMEOUT} s: is the shared storage gone?"
     said = (res.get("stderr") or res.get("stdout") or "").strip().splitlines()
@@ -51,12 +49,11 @@ def read_error(res: dict) -> str:
 
 def fallback_report(slurped: list[dict], run_id: str, error: str) -> list[str]:
     """status.yml's report when the run directory cannot be read: each host's own exit record
-    (its agent writes it to the host-local fallback directory, storage or not), from a slurp
-    looped over the hosts (the filter ddpfleet_fallback_report)."""
+    (in its host-local fallback directory), slurped (the filter ddpfleet_fallback_report)."""
     lines = [f"run {run_id}: cannot read its run directory ({error}); each host's own record:"]
     for res in slurped:
         host, rec = res.get("item"), None
-        with contextlib.suppress(ValueError, binascii.Error):
+        with contextlib.suppress(ValueError):  # binascii.Error is one
             rec = json.loads(base64.b64decode(res.get("content") or ""))
         if not isinstance(rec, dict) or not rec:
             lines.append(f"{host}: no exit record (its agent did not end, or the host is gone)")
@@ -69,8 +66,7 @@ def fallback_report(slurped: list[dict], run_id: str, error: str) -> list[str]:
 
 
 def parse(out: str) -> dict[str, dict]:
-    """{relative path: JSON object} from read_command's output ({} for a torn file; TEXT's as
-    {"text": the file's text})."""
+    """{relative path: JSON object} from read_command's output (TEXT's as {"text": ...})."""
     files = {}
     for chunk in out.split(MARK + " ")[1:]:
         name, _, body = chunk.partition("\n")
@@ -78,19 +74,17 @@ def parse(out: str) -> dict[str, dict]:
         if name in TEXT:
             files[name] = {"text": body.removesuffix("\n")}  # less the newline reader.py adds
             continue
-        try:
+        data = None
+        with contextlib.suppress(ValueError):  # a torn file
             data = json.loads(body)
-        except ValueError:
-            data = {}
         files[name] = data if isinstance(data, dict) else {}
     return files
 
 
 def snapshot(files: dict, run_id: str, hosts: list[str], attempt: str) -> dict:
     """The records of one attempt (config.json's when attempt is empty), its progress line and
-    its outcome: progress.json's status once it says the run ended, else None. report (text)
-    and plot (report.png there) are the run's last completed attempt's: only a completed
-    attempt writes them, and none starts after it (the files name no attempt)."""
+    outcome (progress.json's status once the run ended, else None). report and plot name no
+    attempt: they are the last completed attempt's, after which none starts."""
     config, summary = files.get("config.json", {}), files.get("summary.json", {})
     attempt = attempt or str(config.get("attempt", ""))
     exits = {h: files.get(f"nodes/{h}.exit") or {} for h in hosts}
@@ -123,9 +117,9 @@ def duration(sec: object) -> str:
 
 
 def progress_line(run_id: str, p: dict, hosts: list[str]) -> str:
-    """run r: step 40/100 (40%), loss 6.1234, 55.2 img/s, ETA 1m05s, hosts running 3/3
-    (phase train); hosts not running are named (hosts running 2/3: node3 silent), and new
-    shares of the start that runs (phase train, rebalanced: node3 4 -> 2 (0.31x))."""
+    """run r: step 40/100 (40%), loss 6.1234, 55.2 img/s, ETA 1m05s, hosts running 2/3: node3
+    silent (phase train, rebalanced: node3 4 -> 2 (0.31x)): the hosts not running named, and
+    the shares of the start that runs."""
     states = p.get("hosts") or {}
     up = [h for h in hosts if states.get(h) == "running"]
     others = ", ".join(f"{h} {states.get(h, 'unknown')}" for h in hosts if h not in up)
@@ -147,8 +141,7 @@ def progress_line(run_id: str, p: dict, hosts: list[str]) -> str:
 
 
 def restart_lines(run_id: str, p: dict, shown: int) -> list[str]:
-    """One line per start after the first in progress.json's attempts, past the first ``shown``
-    of them: a restart in place, on the hosts left (without those gone), or with a host back."""
+    """A line for each start after the first in progress.json's attempts, past ``shown``."""
     lines = []
     for n, a, change in restarts(p.get("attempts"))[shown:]:
         if str(a.get("cause")).startswith("rebalanced"):  # new shares (regrow.py)
@@ -164,8 +157,8 @@ def restart_lines(run_id: str, p: dict, shown: int) -> list[str]:
 
 class Shown:
     """What train.yml's follow printed so far: each poll prints the restarts not shown yet,
-    then the progress line when the step or the hosts changed (for a program without
-    heartbeats, which has no steps: once a minute)."""
+    then the progress line when the step or the hosts changed (a program without heartbeats:
+    once a minute)."""
 
     def __init__(self, run_id: str) -> None:
         self.run_id, self.restarts, self.last = run_id, 0, None
@@ -183,7 +176,7 @@ class Shown:
 
 
 def run_status(snap: dict, containers: dict) -> str:
-    """running (a container runs), progress.json's status word once the run ended (else
+    """running (a container runs), the ended run's status word (progress.json's, else
     summary.json's), unknown (launched, nothing recorded since) or absent (never launched)."""
     if "running" in containers.values():
         return "running"

@@ -1,21 +1,14 @@
 """Read a run's records on a node, for the controller (``ddpfleet_agent.follow``).
 
-The follow plugin runs this file's text with the node's own python3 (``python3 -c``, as root
-through become), so it uses the standard library only. It drops to the storage owner's uid and
-gid with no supplementary groups (what the ranks themselves may read), then prints EMITTED and
-nodes/*.exit, each behind a marker line: regular files only, at most 1 MiB each, no link
-followed (a container may plant one: nodes/x.exit -> /etc/shadow). Arguments: run_dir uid gid
-marker [wait].
-
-wait (seconds, default 0): first re-read progress.json every ``TICK`` s until it says the run
-ended or wait has passed, so train.yml's follow learns of the end within a tick, with no more
-commands than a poll every wait seconds. A missing run directory answers at once.
-
-Then records of what it found, each only when there is one: ``links``, every link among
-WATCHED and below WALKED (train.yml refuses to act through a link a program in the run's
-container planted: nodes -> /etc, lib/x.py -> another run's file); ``checkpoints``, the
-checkpoints' names (train.yml refuses ``train_resume=never`` on them); ``present``, report.png
-when it is a regular file (not read).
+The follow plugin runs this file's text as root with the node's python3 (``python3 -c``), so it
+uses the standard library only. As the storage owner's uid and gid, with no supplementary
+groups (what the ranks may read), it prints EMITTED and nodes/*.exit, each behind a marker line:
+regular files only, 1 MiB at most, no link followed (a container may plant nodes/x.exit ->
+/etc/shadow). Then, each only when there is one, the records ``links`` (links among WATCHED and
+below WALKED: train.yml refuses to act through them), ``checkpoints`` (train.yml refuses
+``train_resume=never`` on them) and ``present`` (report.png, not read). Arguments: run_dir uid
+gid marker [wait]: first re-read progress.json every TICK s until it says the run ended or wait
+s passed, so the follow learns of the end within a tick, one command per wait s.
 """
 
 import json
@@ -89,8 +82,7 @@ def lmode(parent, name):
 
 
 def links_below(parent, name, depth):
-    """Relative names of the links in the directory ``name`` of ``parent`` (an fd) and its
-    directories, to ``depth``."""
+    """Relative names of the links below the directory ``name`` of ``parent``, to ``depth``."""
     child = opendir(name, parent)
     if child is None:
         return []

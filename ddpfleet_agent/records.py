@@ -60,8 +60,7 @@ class Records:
         self.ending: dict = {}  # what summary.json will say of the run's end (write_attempts)
 
     def _work(self) -> None:
-        while True:
-            job = self._queue.get()
+        for job in iter(self._queue.get, None):
             try:
                 job()
             except OSError as exc:  # shared storage trouble must not end supervision
@@ -74,10 +73,9 @@ class Records:
         """Wait up to timeout s for every queued write; False when storage did not answer."""
         done = threading.Event()
         self._queue.put(done.set)
-        if done.wait(timeout):
-            return True
-        self.storage_silent = True
-        return False
+        answered = done.wait(timeout)
+        self.storage_silent = self.storage_silent or not answered
+        return answered
 
     def log(self, line: str) -> None:
         """Append to nodes/<host>.log (queued) and to the fallback's <host>.log (at once)."""
@@ -86,10 +84,9 @@ class Records:
 
     def _local(self, write) -> None:
         """A write to the host-local fallback directory: never fails the agent."""
-        if self.fallback is None:
-            return
         try:
-            write(self.fallback)
+            if self.fallback is not None:
+                write(self.fallback)
         except OSError as exc:
             _say(f"fallback write failed: {exc}")
 

@@ -21,9 +21,9 @@ METRICS_MAX = 64 << 20  # bytes of metrics.jsonl read for the plot
 
 
 def run_status(hosts: list[str], outcomes: dict[str, str], failed: bool) -> str:
-    """The run's status word from each host's exit outcome: failed once a failure was
-    claimed (its host's agent may have died with it); with every host's outcome known,
-    completed (all), stopped (the others completed) or failed; else unknown."""
+    """The run's status word from each host's exit outcome: failed once a failure was claimed
+    (its host's agent may have died with it); else, with every outcome known, completed (all),
+    stopped (the others completed) or failed; else unknown."""
     if failed:
         return "failed"
     known = {outcomes.get(h) for h in hosts}
@@ -96,8 +96,7 @@ def restarts(attempts: object) -> list[tuple[int, dict, str]]:
 
 
 def program_lines(summary: dict, tail: int = 5) -> list[str]:
-    """A user's program (summary.json written by the agents): each host's exit, the wall
-    time, and the last lines of node rank 0's log."""
+    """A user's program: each host's exit, the wall time, the last lines of node rank 0's log."""
     hosts = summary.get("hosts") or {}
     lines = [f"{'host':<16}  {'exit':>5}  outcome"]
     for host, rec in hosts.items():
@@ -134,7 +133,7 @@ def read_metrics(path: Path) -> list[dict]:
 
 def write_report(run_dir: Path, run_id: str, hosts: list[str], nproc: int, ratio: float) -> str:
     """report.txt from summary.json, report.png from metrics.jsonl (none without step rows or
-    Pillow), each through a temp file and os.replace; returns a line for the agent's log."""
+    Pillow), each written whole; returns a line for the agent's log."""
     summary = read_json(run_dir / "summary.json")
     program = "program" in summary
     lines = program_lines(summary) if program else report_lines(summary, ratio, hosts, nproc)
