@@ -1,16 +1,12 @@
-"""The agent's Prometheus endpoint (``--metrics ADDR:PORT``): this host's ranks as the agent
-last read their heartbeats, and this host's GPUs through NVML where there are any.
-
-prometheus_client's HTTP server in a daemon thread, on the host's cluster address only. A
-scrape reads the latest heartbeats (one tick old at most): a rank that stops beating shows a
-growing heartbeat age, a host that is gone a target that is down, never a stale value. Names
-follow Prometheus' conventions (``ddpfleet_``, base units, low-cardinality labels); the run's
+"""The agent's Prometheus endpoint (``--metrics ADDR:PORT``, the host's cluster address, served
+in a daemon thread): this host's ranks as the agent last read their heartbeats, a tick old at
+most (a rank that stops beating shows a growing heartbeat age, a host that is gone a target
+that is down: never a stale value), and its GPUs through NVML where there are any. The run's
 identity is one info metric, joinable on the target's labels.
 
-It answers only a scrape of its own run (``?run_id=<id>``, from the run's discovery file,
-announce.yml): a target an earlier run on this host and port left behind, which Prometheus
-keeps scraping for up to ~10 s (its reloads are throttled to 5 s), gets 404 and shows as down
-instead of filing this run's metrics under the old run's id.
+It answers only a scrape of its own run (``?run_id=<id>``, announce.yml): a target an earlier
+run on this host and port left behind, which Prometheus scrapes for ~10 s more (its reloads are
+throttled to 5 s), gets 404 and shows as down, instead of this run's metrics under its id.
 """
 
 from __future__ import annotations
@@ -24,12 +20,7 @@ from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    InfoMetricFamily,
-    Metric,
-)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from ddpfleet_agent.ranks import number
@@ -114,8 +105,7 @@ class Gpus:
             self.nvml = pynvml
 
     def collect(self) -> Iterator[Metric]:
-        nvml = self.nvml
-        if nvml is None:
+        if (nvml := self.nvml) is None:
             return
         families = [_gauge(name) for name in GAUGES if name.startswith("gpu_")]
         for index in range(nvml.nvmlDeviceGetCount()):
@@ -156,25 +146,21 @@ class _Quiet(WSGIRequestHandler):
         pass
 
 
-def for_run(app: Callable, run_id: str) -> Callable:
-    """The WSGI ``app`` for a scrape that names no run or this one; 404 for another run's."""
-
-    def answer(environ: dict, start_response: Callable) -> Iterable[bytes]:
-        asked = parse_qs(environ.get("QUERY_STRING", "")).get("run_id", [run_id])[0]
-        if asked != run_id:
-            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-            return [f"this endpoint serves run {run_id}, not {asked}\n".encode()]
-        return app(environ, start_response)
-
-    return answer
-
-
 def serve(cfg: AgentConfig, read: Reading) -> str:
     """Start the endpoint of ``cfg.metrics`` in a daemon thread, each scrape reading the agent
     as ``read()`` finds it; '' when serving, else why not (one line: the run goes on without it)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunCollector(cfg, read))
-    app = for_run(make_wsgi_app(registry), cfg.run_id)
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        """A scrape that names no run or this one; 404 for another run's."""
+        asked = parse_qs(environ.get("QUERY_STRING", "")).get("run_id", [cfg.run_id])[0]
+        if asked != cfg.run_id:
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"this endpoint serves run {cfg.run_id}, not {asked}\n".encode()]
+        return metrics(environ, start_response)
+
     try:  # an IPv4 or IPv6 cluster address, as prometheus_client's own server picks it
         server = server_class(ThreadingWSGIServer, cfg.metrics_host, cfg.metrics_port)
         httpd = make_server(cfg.metrics_host, cfg.metrics_port, app, server, handler_class=_Quiet)

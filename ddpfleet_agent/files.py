@@ -49,12 +49,6 @@ def call_within(fn, timeout: float) -> list:
     return box
 
 
-def read_json_within(path: Path, timeout: float) -> dict | None:
-    """``read_json`` within ``timeout`` s: None when the storage did not answer in time."""
-    box = call_within(lambda: read_json(path), timeout)
-    return box[0] if box else None
-
-
 def append_line(path: Path, line: str, mode: int = 0o640) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, mode)
     with os.fdopen(fd, "a", encoding="utf-8") as fh:

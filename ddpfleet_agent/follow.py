@@ -70,13 +70,9 @@ def parse(out: str) -> dict[str, dict]:
     files = {}
     for chunk in out.split(MARK + " ")[1:]:
         name, _, body = chunk.partition("\n")
-        name = name.strip()
-        if name in TEXT:
-            files[name] = {"text": body.removesuffix("\n")}  # less the newline reader.py adds
-            continue
-        data = None
-        with contextlib.suppress(ValueError):  # a torn file
-            data = json.loads(body)
+        name, data = name.strip(), None
+        with contextlib.suppress(ValueError):  # a torn file ({}); TEXT's less reader.py's newline
+            data = {"text": body.removesuffix("\n")} if name in TEXT else json.loads(body)
         files[name] = data if isinstance(data, dict) else {}
     return files
 

@@ -96,18 +96,6 @@ def links_below(parent, name, depth):
     return found
 
 
-def planted_links(top):
-    """The links among WATCHED, and below WALKED, in the run directory ``top`` (an fd)."""
-    found = []
-    for name in WATCHED:
-        mode = lmode(top, name)
-        if stat.S_ISLNK(mode):
-            found.append(name)
-        elif stat.S_ISDIR(mode) and name in WALKED:
-            found += links_below(top, name, DEPTH)
-    return found
-
-
 def main(run_dir, uid, gid, mark, wait=0.0):
     if os.getuid() != 0:
         sys.exit(
@@ -131,7 +119,14 @@ def main(run_dir, uid, gid, mark, wait=0.0):
     for name in sorted(os.listdir(nodes)) if nodes is not None else []:
         if name.endswith(".exit"):
             emit(out, mark, "nodes/" + name, nodes, name)
-    record(out, mark, "links", planted_links(top))
+    links = []  # among WATCHED, and below WALKED
+    for name in WATCHED:
+        mode = lmode(top, name)
+        if stat.S_ISLNK(mode):
+            links.append(name)
+        elif stat.S_ISDIR(mode) and name in WALKED:
+            links += links_below(top, name, DEPTH)
+    record(out, mark, "links", links)
     kept = opendir("checkpoints", top)
     names = os.listdir(kept) if kept is not None else []
     record(out, mark, "checkpoints", sorted(n for n in names if CHECKPOINT.fullmatch(n)))

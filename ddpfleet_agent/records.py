@@ -20,7 +20,8 @@ from pathlib import Path
 from ddpfleet_agent.files import (
     STORAGE_READ_TIMEOUT,
     append_line,
-    read_json_within,
+    call_within,
+    read_json,
     tail_lines,
     write_json_atomic,
 )
@@ -128,12 +129,11 @@ class Records:
         ``storage_silent``, said once on stderr, and no read waits again)."""
         if self.storage_silent:
             return {}
-        got = read_json_within(self.run_dir / name, self.read_timeout)
-        if got is None:
+        got = call_within(lambda: read_json(self.run_dir / name), self.read_timeout)
+        if not got:
             self.storage_silent = True
             _say(f"shared storage did not answer a read of {name} within {self.read_timeout:g} s")
-            return {}
-        return got
+        return got[0] if got else {}
 
     def write_report(self, run_id: str, hosts: list[str], nproc: int, ratio: float) -> None:
         """report.txt and report.png of a completed run, queued after the summary writes and
