@@ -69,8 +69,7 @@ def _gauge(name: str, value: float | None = None) -> GaugeMetricFamily:
 def rank_metrics(beats: dict[int, dict], now: float) -> Iterator[Metric]:
     """Per rank: step, heartbeat and progress ages, phase; per host: the ranks' own img/s
     summed; per run: the last interval's loss and total img/s (the ranks agree on them)."""
-    names = ("step", "total_steps", "heartbeat_age_seconds", "progress_age_seconds", "phase")
-    step, total, live, moved, phase = (_gauge(f"rank_{name}") for name in names)
+    step, total, live, moved, phase = (_gauge(name) for name in GAUGES if name.startswith("rank_"))
     for rank, beat in sorted(beats.items()):
         label = [str(rank)]
         step.add_metric(label, number(beat.get("step")) or 0.0)

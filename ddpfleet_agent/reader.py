@@ -37,14 +37,14 @@ def opendir(name, parent=None):
         return None
 
 
-def regular(parent, name):
-    """The first MiB of the regular file ``name`` in ``parent`` (an fd), else None."""
+def regular(parent, name, size=1 << 20):
+    """The first ``size`` bytes of the regular file ``name`` in ``parent`` (an fd), else None."""
     try:
         fd = os.open(name, NOFOLLOW, dir_fd=parent)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as fh:
-        return fh.read(1 << 20) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        return fh.read(size) if stat.S_ISREG(os.fstat(fd).st_mode) else None
 
 
 def emit(out, mark, shown, parent, name):

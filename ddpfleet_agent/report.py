@@ -8,14 +8,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import os
-import stat
 import statistics
 from pathlib import Path
 
 from ddpfleet_agent.files import read_json, write_bytes_atomic
 from ddpfleet_agent.plot import render_png
 from ddpfleet_agent.ranks import number
+from ddpfleet_agent.reader import regular
 
 METRICS_MAX = 64 << 20  # bytes of metrics.jsonl read for the plot
 
@@ -118,14 +117,8 @@ def program_lines(summary: dict, tail: int = 5) -> list[str]:
 def read_metrics(path: Path) -> list[dict]:
     """The rows of metrics.jsonl with a numeric step (torn or foreign lines skipped); [] when
     it is missing or not a regular file (never a link)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return []
-    with os.fdopen(fd, "rb") as fh:
-        text = fh.read(METRICS_MAX) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
     rows = []
-    for line in text.decode("utf-8", "replace").splitlines():
+    for line in (regular(None, path, METRICS_MAX) or b"").decode("utf-8", "replace").splitlines():
         with contextlib.suppress(ValueError):
             rows.append(json.loads(line))
     return [r for r in rows if isinstance(r, dict) and number(r.get("step")) is not None]
