@@ -1,6 +1,5 @@
 """Files of the run directory, written whole and read without following links: the shared
-storage's primitives of the agent and the trainer (``records.py`` queues them off the agent's
-loop)."""
+storage's primitives of the agent (``records.py`` queues them off its loop) and the trainer."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
-"""What the agent writes in the run directory, off the supervision loop's thread: its log and
-exit record, progress.json, the report, and summary.json once, at the run's end (``summary.py``).
+"""What the agent writes in the run directory: its log and exit record, progress.json, the
+report and, once at the run's end, summary.json (``summary.py``).
 
-Shared storage can stall (a hard NFS mount blocks): every agent write goes through one writer
-thread, so supervision never waits on it; ``flush`` waits a bounded time at the end, and a read
-waits at most ``read_timeout`` s. The host's log and exit record also go, at once, to a
-host-local fallback directory (``<host>.log``, ``<host>.exit``): what status.yml reads when the
-storage is gone.
+Shared storage can stall (a hard NFS mount blocks): every write goes through one writer thread,
+so supervision never waits on it; ``flush`` waits a bounded time, a read ``read_timeout`` s at
+most. The host's log and exit record also go at once to a host-local fallback directory
+(``<host>.log``, ``<host>.exit``): what status.yml reads when the storage is gone.
 """
 
 from __future__ import annotations

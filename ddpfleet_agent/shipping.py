@@ -1,8 +1,7 @@
 """The run agent as train.yml ships it into a run directory for a user's program, whose image
-need not hold this package (the agent needs Python 3 alone; torchrun needs the image's torch):
-one compressed tar that a single task on node rank 0's host unpacks into the run's ``lib/`` (a
-copy task per module took 16 s of such a launch on the sandbox, this one 0.4 s). Runs on the
-controller (the trainer_run filter ``ddpfleet_agent_lib``)."""
+need not hold this package: one compressed tar that a single task on node rank 0's host unpacks
+into the run's ``lib/`` (a copy task per module took 16 s of such a launch on the sandbox, this
+one 0.4 s). Runs on the controller (the trainer_run filter ``ddpfleet_agent_lib``)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
-"""summary.json, how a run ended: one record, written once and whole at the run's end by the
-agent that ends it (node rank 0's, or its stand-in: ``ending.py``), so a script that waits for
-its ``status`` reads the whole record, ``attempts`` included.
-
-The trainer hands its part over in ``TRAINER_PART`` (rank 0, at the end of each start); the
-agent merges it with the run's outcome and attempts (``merge``), writes summary.json
-(``Records.write_attempts``) and removes the part, so no later attempt merges it again. A
-user's program writes no part; the trainer without an agent writes summary.json itself.
+"""summary.json, how a run ended: written once and whole at the run's end by the agent that
+ends it (node rank 0's, or its stand-in: ``ending.py``), so a script that waits for its
+``status`` reads the whole record. The trainer (rank 0, at the end of each start) hands its part
+over in ``TRAINER_PART``; the agent merges it with the run's outcome and attempts (``merge``)
+and removes it, so no later attempt merges it again. A user's program writes no part; the
+trainer without an agent writes summary.json itself.
 """
 
 from __future__ import annotations
