@@ -60,10 +60,8 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
 def _gauge(name: str, value: float | None = None) -> GaugeMetricFamily:
     """The family of GAUGES' ``name``; with ``value``, its one unlabelled sample."""
     doc, labels = GAUGES[name]
-    family = GaugeMetricFamily(f"ddpfleet_{name}", doc, labels=list(labels))
-    if value is not None:
-        family.add_metric([], value)
-    return family
+    labels = list(labels) if value is None else None  # the library takes one or the other
+    return GaugeMetricFamily(f"ddpfleet_{name}", doc, value, labels)
 
 
 def rank_metrics(beats: dict[int, dict], now: float) -> Iterator[Metric]:

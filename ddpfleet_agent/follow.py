@@ -140,14 +140,13 @@ def restart_lines(run_id: str, p: dict, shown: int) -> list[str]:
     """A line for each start after the first in progress.json's attempts, past ``shown``."""
     lines = []
     for n, a, change in restarts(p.get("attempts"))[shown:]:
-        if str(a.get("cause")).startswith("rebalanced"):  # new shares (regrow.py)
-            if a["cause"] == "rebalanced":
-                break  # its shares are not known yet: a later poll says them
-            lines.append(f"run {run_id}: {a['cause']} ({n}) from the newest checkpoint")
-            continue
+        cause = str(a.get("cause"))
+        if cause == "rebalanced":
+            break  # its new shares (regrow.py) are not known yet: a later poll says them
+        shares = cause.startswith("rebalanced")
         where = f"on {len(a.get('hosts') or [])} hosts ({change})" if change else "in place"
-        restarted = f"run {run_id}: restarted {where} ({n}) from the newest checkpoint"
-        lines.append(f"{restarted} after: {a.get('cause')}")
+        said, after = (cause, "") if shares else (f"restarted {where}", f" after: {cause}")
+        lines.append(f"run {run_id}: {said} ({n}) from the newest checkpoint{after}")
     return lines
 
 
