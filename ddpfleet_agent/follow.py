@@ -1,10 +1,7 @@
-"""The run's state as the controller shows it, from the records its agents write.
-
-train.yml's follow and status.yml read a run with one read-only command on node rank 0's host
-(``read_command``: reader.py run by that host's python3); ``snapshot`` picks one attempt's
-records, ``progress_line`` is the line printed while following, ``run_status`` and
-``status_lines`` are status.yml's report. The Ansible side:
-``roles/trainer_run/action_plugins/ddpfleet_run_follow.py``.
+"""The run's state as the controller shows it, from the records its agents write: train.yml's
+follow and status.yml read a run with one read-only command on node rank 0's host
+(``read_command``: reader.py), ``snapshot`` picks one attempt's records, ``progress_line`` is
+the line printed while following (roles/trainer_run/action_plugins/ddpfleet_run_follow.py).
 """
 
 from __future__ import annotations
@@ -31,8 +28,7 @@ READ_TIMEOUT = 30
 
 
 def read_command(run_dir: str, uid: int, gid: int, wait: float = 0.0) -> str:
-    """One read-only command: each record, behind a marker line, once progress.json says the
-    run ended or after ``wait`` seconds."""
+    """reader.py's command: it prints once progress.json says the run ended or wait s passed."""
     args = [run_dir, str(uid), str(gid), MARK, f"{wait:g}"]
     return f"timeout -k 5 {READ_TIMEOUT + wait:g} " + shlex.join(["python3", "-c", READER, *args])
 
@@ -151,9 +147,8 @@ def restart_lines(run_id: str, p: dict, shown: int) -> list[str]:
 
 
 class Shown:
-    """What train.yml's follow printed so far: each poll prints the restarts not shown yet,
-    then the progress line when the step or the hosts changed (a program without heartbeats:
-    once a minute)."""
+    """What train.yml's follow printed so far: each poll prints the restarts not shown yet, then
+    the progress line when the step or hosts changed (a program without heartbeats: each minute)."""
 
     def __init__(self, run_id: str) -> None:
         self.run_id, self.restarts, self.last = run_id, 0, None

@@ -135,8 +135,7 @@ class Records:
         return got[0] if got else {}
 
     def write_report(self, run_id: str, hosts: list[str], nproc: int, ratio: float) -> None:
-        """report.txt and report.png of a completed run, queued after the summary writes and
-        before the final progress.json."""
+        """report.txt and report.png, queued after the summary and before the final progress."""
         from ddpfleet_agent.report import write_report  # noqa: PLC0415 - report imports this
 
         def job() -> None:
@@ -162,15 +161,13 @@ class Records:
         self.ending.update(diagnosis=diagnosis, tail_count=tail_count)
 
     def write_stopped(self, attempt: str) -> None:
-        """The agent ended a stop by killing the ranks: stopped, by the agent, unless the
-        trainer recorded the stop itself."""
+        """The agent ended a stop by killing the ranks (unless the trainer recorded the stop)."""
         self.ending.update(attempt=attempt, stopped_at=time.time())
 
     def write_program_summary(
         self, run_id: str, attempt: str, outcome: str, facts: dict, tail_count: int
     ) -> None:
-        """A user's program's facts (program, world size, times, each host's exit), outcome
-        and each host's log tail."""
+        """A user's program's facts (program, world size, times, each host's exit), outcome."""
         program = {"outcome": outcome, "facts": dict(facts)}
         self.ending.update(run_id=run_id, attempt=attempt, program=program, tail_count=tail_count)
 
@@ -193,8 +190,7 @@ class Records:
         self.submit(job)
 
     def _tails(self, ending: dict) -> dict:
-        """``ending`` with the log tails in: the failing rank's (else its host's) and, for a
-        program, each host's."""
+        """``ending`` with the failing rank's (else its host's) or each program host's log tail."""
         count, out = ending.get("tail_count", 0), dict(ending)
 
         def host_tail(host: object) -> list[str]:

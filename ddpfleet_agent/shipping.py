@@ -14,10 +14,9 @@ DIRS = ("agent", "agent/ddpfleet_agent")
 
 
 def lib_archive(package: str | Path) -> str:
-    """base64 of a .tar.gz laid out as the run's lib/: agent/ddpfleet_agent/*.py (``python -m
-    ddpfleet_agent`` with lib/agent on sys.path) and ddpfleet_heartbeat.py (on the ranks'
-    PYTHONPATH); directories 0755, files 0644 with their sources' mtimes, so a changed module
-    never meets a stale .pyc of the same size. ``package``: the ddpfleet_agent directory."""
+    """base64 of a .tar.gz of ``package`` (the ddpfleet_agent directory) laid out as the run's
+    lib/: agent/ddpfleet_agent/*.py and ddpfleet_heartbeat.py (for the ranks' PYTHONPATH), with
+    their sources' mtimes, so a changed module never meets a stale .pyc of the same size."""
     package = Path(package)
     files = {f"{DIRS[-1]}/{p.name}": p for p in sorted(package.glob("*.py"))}
     files["ddpfleet_heartbeat.py"] = package / "ddpfleet_heartbeat.py"

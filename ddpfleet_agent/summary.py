@@ -30,10 +30,9 @@ def write_trainer_summary(run_dir: Path, summary: dict) -> Path:
 
 
 def merge_base(run_dir: Path, attempt: str | None, program: bool) -> dict:
-    """What the agent's summary starts from: the trainer's part, else this attempt's
-    summary.json (node rank 0's agent took the part; a stand-in ends after it). For a user's
-    program, the summary.json there (``merge`` drops an earlier attempt's outcome), with a part
-    over it should the program have run ddpfleet's trainer."""
+    """The trainer's part, else this attempt's summary.json (a stand-in ends after node rank 0's
+    agent took the part); for a user's program, summary.json with any part over it (should the
+    program have run ddpfleet's trainer; ``merge`` drops an earlier attempt's outcome)."""
     part, written = read_json(run_dir / TRAINER_PART), read_json(run_dir / SUMMARY)
     if program:
         return {**written, **part}
