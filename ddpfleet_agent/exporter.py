@@ -1,18 +1,12 @@
-"""The agent's Prometheus endpoint (``--metrics ADDR:PORT``): this host's ranks as the agent
-last read their heartbeats, and this host's GPUs through NVML where there are any.
+"""The agent's Prometheus endpoint (``--metrics ADDR:PORT``, the host's cluster address, served
+in a daemon thread): this host's ranks as the agent last read their heartbeats, a tick old at
+most (a rank that stops beating shows a growing heartbeat age, a host that is gone a target
+that is down: never a stale value), and its GPUs through NVML where there are any. The run's
+identity is one info metric, joinable on the target's labels.
 
-Served by prometheus_client's HTTP server in a daemon thread, on the host's cluster address
-only; every scrape reads the agent's latest heartbeats (one supervision tick old at most), so a
-rank that stops beating shows as a growing heartbeat age, and a host that is gone as a target
-that is down, never as a stale value. Names follow Prometheus' conventions: ``ddpfleet_``,
-base units in the name (seconds, bytes, ratio, per_second), labels of low cardinality (rank,
-gpu, phase); the run's identity is one info metric, joinable on the target's labels.
-
-It answers only a scrape of its own run: Prometheus asks with ``?run_id=<id>`` (the
-``__param_run_id`` of the run's discovery file, announce.yml). A target left over from an
-earlier run on the same host and port, which Prometheus keeps scraping for up to ~10 s after
-the new run's file replaced it (discovery and scrape reloads are each throttled to 5 s), gets
-404 and shows as down, instead of this run's metrics filed under the old run's id.
+It answers only a scrape of its own run (``?run_id=<id>``, announce.yml): a target an earlier
+run on this host and port left behind, which Prometheus scrapes for ~10 s more (its reloads are
+throttled to 5 s), gets 404 and shows as down, instead of this run's metrics under its id.
 """
 
 from __future__ import annotations
@@ -26,12 +20,7 @@ from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    InfoMetricFamily,
-    Metric,
-)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from ddpfleet_agent.ranks import number
@@ -68,20 +57,17 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-def _gauge(name: str) -> GaugeMetricFamily:
+def _gauge(name: str, value: float | None = None) -> GaugeMetricFamily:
+    """The family of GAUGES' ``name``; with ``value``, its one unlabelled sample."""
     doc, labels = GAUGES[name]
-    return GaugeMetricFamily(f"ddpfleet_{name}", doc, labels=list(labels))
+    labels = list(labels) if value is None else None  # the library takes one or the other
+    return GaugeMetricFamily(f"ddpfleet_{name}", doc, value, labels)
 
 
 def rank_metrics(beats: dict[int, dict], now: float) -> Iterator[Metric]:
     """Per rank: step, heartbeat and progress ages, phase; per host: the ranks' own img/s
     summed; per run: the last interval's loss and total img/s (the ranks agree on them)."""
-    step = _gauge("rank_step")
-    total = _gauge("rank_total_steps")
-    live = _gauge("rank_heartbeat_age_seconds")
-    moved = _gauge("rank_progress_age_seconds")
-    phase = _gauge("rank_phase")
-    own = [number(b.get("rank_images_per_sec")) for b in beats.values()]
+    step, total, live, moved, phase = (_gauge(name) for name in GAUGES if name.startswith("rank_"))
     for rank, beat in sorted(beats.items()):
         label = [str(rank)]
         step.add_metric(label, number(beat.get("step")) or 0.0)
@@ -94,21 +80,18 @@ def rank_metrics(beats: dict[int, dict], now: float) -> Iterator[Metric]:
         for name in (*PHASES, *(() if current in PHASES else (current,))):
             phase.add_metric([*label, name], float(name == current))
     yield from (step, total, live, moved, phase)
-    if own and all(r is not None for r in own):
-        host = _gauge("host_images_per_second")
-        host.add_metric([], sum(own))  # type: ignore[arg-type]
-        yield host
+    own = [number(b.get("rank_images_per_sec")) for b in beats.values()]
+    if own and None not in own:
+        yield _gauge("host_images_per_second", sum(own))  # type: ignore[arg-type]
     for key, name in (("loss", "run_loss"), ("images_per_sec", "run_images_per_second")):
         known = [v for _, b in sorted(beats.items()) if (v := number(b.get(key))) is not None]
         if known:
-            family = _gauge(name)
-            family.add_metric([], known[0])
-            yield family
+            yield _gauge(name, known[0])
 
 
 class Gpus:
-    """This host's GPUs through NVML (nvidia-ml-py); nothing where NVML does not load.
-    Verified only on GPU hosts."""
+    """This host's GPUs through NVML (nvidia-ml-py; verified only on GPU hosts); nothing where
+    NVML does not load."""
 
     def __init__(self) -> None:
         self.nvml: Any = None
@@ -119,52 +102,39 @@ class Gpus:
             self.nvml = pynvml
 
     def collect(self) -> Iterator[Metric]:
-        nvml = self.nvml
-        if nvml is None:
+        if (nvml := self.nvml) is None:
             return
-        util = _gauge("gpu_utilization_ratio")
-        used = _gauge("gpu_memory_used_bytes")
-        size = _gauge("gpu_memory_total_bytes")
-        temp = _gauge("gpu_temperature_celsius")
+        families = [_gauge(name) for name in GAUGES if name.startswith("gpu_")]
         for index in range(nvml.nvmlDeviceGetCount()):
-            handle, label = nvml.nvmlDeviceGetHandleByIndex(index), [str(index)]
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            busy = nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-            util.add_metric(label, nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0)
-            used.add_metric(label, float(memory.used))
-            size.add_metric(label, float(memory.total))
             celsius = nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
-            temp.add_metric(label, float(celsius))
-        yield from (util, used, size, temp)
+            values = (busy, memory.used, memory.total, celsius)  # GAUGES' order
+            for family, value in zip(families, values, strict=True):
+                family.add_metric([str(index)], float(value))
+        yield from families
 
 
 class RunCollector:
     """What one scrape of an agent returns (prometheus_client's custom collector)."""
 
     def __init__(self, cfg: AgentConfig, read: Reading, gpus: Gpus | None = None):
-        self.cfg, self.read = cfg, read
-        self.gpus = gpus or Gpus()
+        self.cfg, self.read, self.gpus = cfg, read, gpus or Gpus()
 
     def collect(self) -> Iterator[Metric]:
         cfg = self.cfg
         count, started, beats, speed = self.read()
-        info = InfoMetricFamily("ddpfleet_run", "The run this agent supervises.")
-        info.add_metric([], {"run_id": cfg.run_id, "host": cfg.host, "attempt": cfg.attempt,
-                             "node_rank": str(cfg.node_rank)})  # fmt: skip
-        yield info
-        restarts = CounterMetricFamily(
-            "ddpfleet_run_restarts", "Restarts in place of the run so far (train_restarts)."
-        )
-        restarts.add_metric([], float(count))
-        yield restarts
+        ids = {"run_id": cfg.run_id, "host": cfg.host, "attempt": cfg.attempt}
+        ids["node_rank"] = str(cfg.node_rank)
+        yield InfoMetricFamily("ddpfleet_run", "The run this agent supervises.", ids)
+        doc = "Restarts in place of the run so far (train_restarts)."
+        yield CounterMetricFamily("ddpfleet_run_restarts", doc, float(count))
         if started:
-            began = _gauge("run_attempt_start_time_seconds")
-            began.add_metric([], started)
-            yield began
+            yield _gauge("run_attempt_start_time_seconds", started)
         yield from rank_metrics(dict(beats), time.time())
         if speed is not None:
-            ratio = _gauge("host_speed_ratio")
-            ratio.add_metric([], speed)
-            yield ratio
+            yield _gauge("host_speed_ratio", speed)
         yield from self.gpus.collect()
 
 
@@ -173,25 +143,21 @@ class _Quiet(WSGIRequestHandler):
         pass
 
 
-def for_run(app: Callable, run_id: str) -> Callable:
-    """The WSGI ``app`` for a scrape that names no run or this one; 404 for another run's."""
-
-    def answer(environ: dict, start_response: Callable) -> Iterable[bytes]:
-        asked = parse_qs(environ.get("QUERY_STRING", "")).get("run_id", [run_id])[0]
-        if asked != run_id:
-            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-            return [f"this endpoint serves run {run_id}, not {asked}\n".encode()]
-        return app(environ, start_response)
-
-    return answer
-
-
 def serve(cfg: AgentConfig, read: Reading) -> str:
     """Start the endpoint of ``cfg.metrics`` in a daemon thread, each scrape reading the agent
     as ``read()`` finds it; '' when serving, else why not (one line: the run goes on without it)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunCollector(cfg, read))
-    app = for_run(make_wsgi_app(registry), cfg.run_id)
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        """A scrape that names no run or this one; 404 for another run's."""
+        asked = parse_qs(environ.get("QUERY_STRING", "")).get("run_id", [cfg.run_id])[0]
+        if asked != cfg.run_id:
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"this endpoint serves run {cfg.run_id}, not {asked}\n".encode()]
+        return metrics(environ, start_response)
+
     try:  # an IPv4 or IPv6 cluster address, as prometheus_client's own server picks it
         server = server_class(ThreadingWSGIServer, cfg.metrics_host, cfg.metrics_port)
         httpd = make_server(cfg.metrics_host, cfg.metrics_port, app, server, handler_class=_Quiet)

@@ -1,6 +1,5 @@
 """Files of the run directory, written whole and read without following links: the shared
-storage's primitives the agent and the trainer use (``records.py`` queues them off the agent's
-loop)."""
+storage's primitives of the agent (``records.py`` queues them off its loop) and the trainer."""
 
 from __future__ import annotations
 
@@ -9,6 +8,10 @@ import json
 import os
 import threading
 from pathlib import Path
+
+# How long the agent waits for one read of the shared storage before it counts the storage as
+# gone (a hard NFS mount whose server died blocks a read for ever).
+STORAGE_READ_TIMEOUT = 10.0
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
@@ -19,7 +22,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 
 
 def write_json_atomic(path: Path, obj: object, indent: int | None = 2) -> None:
-    """JSON, keys sorted, through ``write_bytes_atomic`` (indent None: one line)."""
+    """JSON, keys sorted (indent None: one line)."""
     write_bytes_atomic(path, (json.dumps(obj, indent=indent, sort_keys=True) + "\n").encode())
 
 
@@ -35,11 +38,6 @@ def read_json(path: Path) -> dict:
     return {}
 
 
-# How long the agent waits for one read of the shared storage before it counts the storage as
-# gone (a hard NFS mount whose server died blocks a read for ever).
-STORAGE_READ_TIMEOUT = 10.0
-
-
 def call_within(fn, timeout: float) -> list:
     """fn() on a daemon thread of its own, waited for ``timeout`` s: [its value], or [] when
     it did not return in time (the thread is left blocked; the caller goes on)."""
@@ -50,14 +48,8 @@ def call_within(fn, timeout: float) -> list:
     return box
 
 
-def read_json_within(path: Path, timeout: float) -> dict | None:
-    """``read_json`` within ``timeout`` s: None when the storage did not answer in time."""
-    box = call_within(lambda: read_json(path), timeout)
-    return box[0] if box else None
-
-
-def append_line(path: Path, line: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o640)
+def append_line(path: Path, line: str, mode: int = 0o640) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, mode)
     with os.fdopen(fd, "a", encoding="utf-8") as fh:
         fh.write(line if line.endswith("\n") else line + "\n")
 
@@ -69,8 +61,7 @@ def tail_lines(path: Path, count: int) -> list[str]:
     except OSError:
         return []
     with os.fdopen(fd, "rb") as fh:
-        fh.seek(0, os.SEEK_END)
-        fh.seek(max(fh.tell() - 65536, 0))
+        fh.seek(max(fh.seek(0, os.SEEK_END) - 65536, 0))
         text = fh.read().decode("utf-8", "replace")
     lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
     return lines[-count:] if count > 0 else []

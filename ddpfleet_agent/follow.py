@@ -1,16 +1,12 @@
-"""The run's state as the controller shows it, from the records its agents write.
-
-train.yml's follow and status.yml read a run with one command on node rank 0's host
-(``read_command``: ``ddpfleet_agent/reader.py`` run by that host's python3, read-only), then
-``snapshot`` picks one attempt's records, ``progress_line`` is the line printed while
-following, and ``run_status``/``status_lines`` are status.yml's report. The Ansible side is
-``roles/trainer_run/action_plugins/ddpfleet_run_follow.py``.
+"""The run's state as the controller shows it, from the records its agents write: train.yml's
+follow and status.yml read a run with one read-only command on node rank 0's host
+(``read_command``: reader.py), ``snapshot`` picks one attempt's records, ``progress_line`` is
+the line printed while following (roles/trainer_run/action_plugins/ddpfleet_run_follow.py).
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import contextlib
 import json
 import shlex
@@ -25,27 +21,22 @@ TEXT = ("report.txt",)  # records that are not JSON: parse keeps them as {"text"
 READER = (Path(__file__).resolve().parent / "reader.py").read_text()
 
 
-# A read of the run directory that takes longer (beyond the wait it was asked for) has met a
-# shared storage that is gone (a hard NFS mount blocks): timeout(1) ends it with exit code 124.
-# A read that answers takes well under a second; status.yml waits this long on a host cut off
-# from the storage before it reads on the other trainers (state.yml).
+# A read that answers takes well under a second; one that takes this long (beyond the wait it was
+# asked for) has met a shared storage that is gone (a hard NFS mount blocks): timeout(1) ends it
+# with exit code 124. status.yml then reads on the other trainers (state.yml).
 READ_TIMEOUT = 30
 
 
 def read_command(run_dir: str, uid: int, gid: int, wait: float = 0.0) -> str:
-    """One read-only command: each record that exists, behind a marker line, once progress.json
-    says the run ended or after ``wait`` seconds (reader.py re-reads it meanwhile)."""
+    """reader.py's command: it prints once progress.json says the run ended or wait s passed."""
     args = [run_dir, str(uid), str(gid), MARK, f"{wait:g}"]
-    return f"timeout -k 5 {READ_TIMEOUT + wait:g} python3 -c {shlex.quote(READER)} " + " ".join(
-        shlex.quote(a) for a in args
-    )
+    return f"timeout -k 5 {READ_TIMEOUT + wait:g} " + shlex.join(["python3", "-c", READER, *args])
 
 
 def read_error(res: dict) -> str:
-    """Why a read_command failed, from its result (rc, stdout, stderr): the reader's one line
-    (in stdout where become gives a tty), or timeout(1)'s end of a read that did not answer
-    (one that waited too: its reads of progress.json are a tick apart, so the one that hung
-    went unanswered for READ_TIMEOUT s at least)."""
+    """Why a read_command failed: the reader's one line (in stdout where become gives a tty),
+    or timeout(1)'s end of a read that hung (a waiting read's reads are a tick apart, so the
+    one that hung went unanswered for READ_TIMEOUT s at least)."""
     if res.get("rc") in (124, 137):
         return f"no answer within {READ_TIMEOUT} s: is the shared storage gone?"
     said = (res.get("stderr") or res.get("stdout") or "").strip().splitlines()
@@ -54,50 +45,38 @@ def read_error(res: dict) -> str:
 
 def fallback_report(slurped: list[dict], run_id: str, error: str) -> list[str]:
     """status.yml's report when the run directory cannot be read: each host's own exit record
-    (its agent writes it to the host-local fallback directory, storage or not), from a slurp
-    looped over the hosts (the filter ddpfleet_fallback_report)."""
+    (in its host-local fallback directory), slurped (the filter ddpfleet_fallback_report)."""
     lines = [f"run {run_id}: cannot read its run directory ({error}); each host's own record:"]
     for res in slurped:
         host, rec = res.get("item"), None
-        with contextlib.suppress(ValueError, binascii.Error):
+        with contextlib.suppress(ValueError):  # binascii.Error is one
             rec = json.loads(base64.b64decode(res.get("content") or ""))
         if not isinstance(rec, dict) or not rec:
             lines.append(f"{host}: no exit record (its agent did not end, or the host is gone)")
             continue
         failure = rec.get("failure")
-        what = rec.get("cause") or (
-            cause_line(run_id, failure) if isinstance(failure, dict) else rec.get("outcome")
-        )
-        lines.append(
-            f"{host}: {rec.get('outcome')} (exit code {rec.get('exit_code')}, attempt "
-            f"{rec.get('attempt')}): {what}"
-        )
+        said = cause_line(run_id, failure) if isinstance(failure, dict) else rec.get("outcome")
+        code = f"exit code {rec.get('exit_code')}, attempt {rec.get('attempt')}"
+        lines.append(f"{host}: {rec.get('outcome')} ({code}): {rec.get('cause') or said}")
     return lines
 
 
 def parse(out: str) -> dict[str, dict]:
-    """{relative path: JSON object} from read_command's output ({} for a torn file; TEXT's as
-    {"text": the file's text})."""
+    """{relative path: JSON object} from read_command's output (TEXT's as {"text": ...})."""
     files = {}
     for chunk in out.split(MARK + " ")[1:]:
         name, _, body = chunk.partition("\n")
-        name = name.strip()
-        if name in TEXT:
-            files[name] = {"text": body.removesuffix("\n")}  # less the newline reader.py adds
-            continue
-        try:
-            data = json.loads(body)
-        except ValueError:
-            data = {}
+        name, data = name.strip(), None
+        with contextlib.suppress(ValueError):  # a torn file ({}); TEXT's less reader.py's newline
+            data = {"text": body.removesuffix("\n")} if name in TEXT else json.loads(body)
         files[name] = data if isinstance(data, dict) else {}
     return files
 
 
 def snapshot(files: dict, run_id: str, hosts: list[str], attempt: str) -> dict:
     """The records of one attempt (config.json's when attempt is empty), its progress line and
-    its outcome: progress.json's status once it says the run ended, else None. report (text)
-    and plot (report.png there) are the run's last completed attempt's: only a completed
-    attempt writes them, and none starts after it (the files name no attempt)."""
+    outcome (progress.json's status once the run ended, else None). report and plot name no
+    attempt: they are the last completed attempt's, after which none starts."""
     config, summary = files.get("config.json", {}), files.get("summary.json", {})
     attempt = attempt or str(config.get("attempt", ""))
     exits = {h: files.get(f"nodes/{h}.exit") or {} for h in hosts}
@@ -130,19 +109,18 @@ def duration(sec: object) -> str:
 
 
 def progress_line(run_id: str, p: dict, hosts: list[str]) -> str:
-    """run r: step 40/100 (40%), loss 6.1234, 55.2 img/s, ETA 1m05s, hosts running 3/3
-    (phase train); hosts not running are named (hosts running 2/3: node3 silent), and new
-    shares of the start that runs (phase train, rebalanced: node3 4 -> 2 (0.31x))."""
-    step, total = int(p.get("step") or 0), int(p.get("total_steps") or 0)
-    where = f"step {step}/{total} ({100 * step // total}%)" if total > 0 else f"step {step}"
+    """run r: step 40/100 (40%), loss 6.1234, 55.2 img/s, ETA 1m05s, hosts running 2/3: node3
+    silent (phase train, rebalanced: node3 4 -> 2 (0.31x)): the hosts not running named, and
+    the shares of the start that runs."""
     states = p.get("hosts") or {}
     up = [h for h in hosts if states.get(h) == "running"]
     others = ", ".join(f"{h} {states.get(h, 'unknown')}" for h in hosts if h not in up)
+    running = f"hosts running {len(up)}/{len(hosts)}{': ' + others if others else ''}"
     if p.get("program") and not p.get("phase"):  # a user's program that writes no heartbeat
-        return (
-            f"run {run_id}: running {duration(p.get('elapsed_sec'))} (no progress reported), "
-            f"hosts running {len(up)}/{len(hosts)}{': ' + others if others else ''}"
-        )
+        elapsed = duration(p.get("elapsed_sec"))
+        return f"run {run_id}: running {elapsed} (no progress reported), {running}"
+    step, total = int(p.get("step") or 0), int(p.get("total_steps") or 0)
+    where = f"step {step}/{total} ({100 * step // total}%)" if total > 0 else f"step {step}"
     restarts = f", restarts {p['restarts']}" if p.get("restarts") else ""
     last = (p.get("attempts") or [{}])[-1]
     if isinstance(last, dict) and str(last.get("cause")).startswith("rebalanced: "):
@@ -150,31 +128,27 @@ def progress_line(run_id: str, p: dict, hosts: list[str]) -> str:
     return (
         f"run {run_id}: {where}, loss {shown(p.get('loss'), '.4f')}, "
         f"{shown(p.get('images_per_sec'), '.1f')} img/s, ETA {duration(p.get('eta_sec'))}, "
-        f"hosts running {len(up)}/{len(hosts)}{': ' + others if others else ''}"
-        f" (phase {p.get('phase') or '?'}{restarts})"
+        f"{running} (phase {p.get('phase') or '?'}{restarts})"
     )
 
 
 def restart_lines(run_id: str, p: dict, shown: int) -> list[str]:
-    """One line per start after the first in progress.json's attempts, past the first ``shown``
-    of them: a restart in place, on the hosts left (without those gone), or with a host back."""
+    """A line for each start after the first in progress.json's attempts, past ``shown``."""
     lines = []
     for n, a, change in restarts(p.get("attempts"))[shown:]:
-        if str(a.get("cause")).startswith("rebalanced"):  # new shares (regrow.py)
-            if a["cause"] == "rebalanced":
-                break  # its shares are not known yet: a later poll says them
-            lines.append(f"run {run_id}: {a['cause']} ({n}) from the newest checkpoint")
-            continue
+        cause = str(a.get("cause"))
+        if cause == "rebalanced":
+            break  # its new shares (regrow.py) are not known yet: a later poll says them
+        shares = cause.startswith("rebalanced")
         where = f"on {len(a.get('hosts') or [])} hosts ({change})" if change else "in place"
-        lines.append(f"run {run_id}: restarted {where} ({n}) from the newest checkpoint after: "
-                     f"{a.get('cause')}")  # fmt: skip
+        said, after = (cause, "") if shares else (f"restarted {where}", f" after: {cause}")
+        lines.append(f"run {run_id}: {said} ({n}) from the newest checkpoint{after}")
     return lines
 
 
 class Shown:
-    """What train.yml's follow printed so far: each poll prints the restarts not shown yet,
-    then the progress line when the step or the hosts changed (for a program without
-    heartbeats, which has no steps: once a minute)."""
+    """What train.yml's follow printed so far: each poll prints the restarts not shown yet, then
+    the progress line when the step or hosts changed (a program without heartbeats: each minute)."""
 
     def __init__(self, run_id: str) -> None:
         self.run_id, self.restarts, self.last = run_id, 0, None
@@ -192,7 +166,7 @@ class Shown:
 
 
 def run_status(snap: dict, containers: dict) -> str:
-    """running (a container runs), progress.json's status word once the run ended (else
+    """running (a container runs), the ended run's status word (progress.json's, else
     summary.json's), unknown (launched, nothing recorded since) or absent (never launched)."""
     if "running" in containers.values():
         return "running"

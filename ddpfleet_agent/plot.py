@@ -1,7 +1,5 @@
-"""report.png: loss (left axis) and img/s of all ranks (right axis) over steps, drawn with
-Pillow (in the training image; an image without it gets no plot). The same rows give the same
-bytes.
-"""
+"""report.png: loss (left axis, blue) and img/s of all ranks (right axis, orange) over steps,
+drawn with Pillow (an image without it gets no plot). The same rows give the same bytes."""
 
 from __future__ import annotations
 
@@ -41,9 +39,8 @@ def _span(values: list[float]) -> tuple[float, float]:
 
 
 def render_png(run_id: str, rows: list[dict], marks: Sequence[tuple[float, str]] = ()) -> bytes:
-    """Loss (left axis, blue) and img/s of all ranks (right axis, orange) over steps, and a red
-    line at each of ``marks`` (step, label: the restarts); the same input gives the same bytes.
-    Raises ImportError without Pillow."""
+    """The plot, a red line at each of ``marks`` (step, label: the restarts) in it. Raises
+    ImportError without Pillow."""
     from PIL import Image, ImageDraw, ImageFont  # noqa: PLC0415 - only the plot needs it
 
     try:

@@ -1,27 +1,14 @@
 """Read a run's records on a node, for the controller (``ddpfleet_agent.follow``).
 
-The follow plugin runs this file's text with the node's own python3 (``python3 -c``, as root
-through become), so it uses the standard library only (follow.py imports its ENDED, nothing
-else). It drops to the storage owner's uid and gid with no supplementary groups (what the ranks
-themselves may read), then prints config.json, summary.json, progress.json, report.txt and
-nodes/*.exit, each behind a marker line, without following a link (a container may plant one:
-nodes/x.exit -> /etc/shadow), regular files only, at most 1 MiB each. Arguments: run_dir uid
-gid marker [wait].
-
-wait (seconds, default 0): first re-read progress.json every ``TICK`` s until its status says
-the run ended or wait has passed, so that train.yml's follow learns of the end within a tick
-of it, with no more commands than a poll every wait seconds; the records printed then,
-report.txt included, are the follow's last read. A missing run directory answers at once.
-
-It also names every link among what ddpfleet itself writes or reads there (``WATCHED``, and
-anything under nodes/ and lib/), as a record ``links`` ({"links": [...]}, only when there is
-one): train.yml refuses such a run directory rather than act through a link a program in the
-run's container planted (nodes -> /etc, lib/x.py -> another run's file).
-
-And the names of the run's checkpoints (``checkpoints/step-<9 digits>.pt``, the trainer's
-names), as a record ``checkpoints`` (only when there is one): train.yml refuses
-``train_resume=never`` on them before anything starts. And a record ``present``
-({"present": ["report.png"]}) when report.png is a regular file (its content is not read).
+The follow plugin runs this file's text as root with the node's python3 (``python3 -c``), so it
+uses the standard library only. As the storage owner's uid and gid, with no supplementary
+groups (what the ranks may read), it prints EMITTED and nodes/*.exit, each behind a marker line:
+regular files only, 1 MiB at most, no link followed (a container may plant nodes/x.exit ->
+/etc/shadow). Then, each only when there is one, the records ``links`` (links among WATCHED and
+below WALKED: train.yml refuses to act through them), ``checkpoints`` (train.yml refuses
+``train_resume=never`` on them) and ``present`` (report.png, not read). Arguments: run_dir uid
+gid marker [wait]: first re-read progress.json every TICK s until it says the run ended or wait
+s passed, so the follow learns of the end within a tick, one command per wait s.
 """
 
 import json
@@ -32,9 +19,10 @@ import sys
 import time
 
 NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-WATCHED = ("config.json", "summary.json", "summary.trainer.json", "progress.json",
-           "metrics.jsonl", "report.txt", "report.png", "agent.key", "nodes", "logs",
-           "checkpoints", "code", "lib")  # fmt: skip
+EMITTED = ("config.json", "summary.json", "progress.json", "report.txt")
+WATCHED = ("config.json", "summary.json", "summary.trainer.json", "progress.json")
+WATCHED += ("metrics.jsonl", "report.txt", "report.png", "agent.key", "nodes", "logs")
+WATCHED += ("checkpoints", "code", "lib")  # what ddpfleet writes or reads: no link is taken
 WALKED = ("nodes", "lib")  # every entry below these, to this depth
 DEPTH = 6
 CHECKPOINT = re.compile(r"step-\d{9}\.pt")  # trainer.checkpoint.NAME
@@ -49,14 +37,14 @@ def opendir(name, parent=None):
         return None
 
 
-def regular(parent, name):
-    """The first MiB of the regular file ``name`` in ``parent`` (an fd), else None."""
+def regular(parent, name, size=1 << 20):
+    """The first ``size`` bytes of the regular file ``name`` in ``parent`` (an fd), else None."""
     try:
         fd = os.open(name, NOFOLLOW, dir_fd=parent)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as fh:
-        return fh.read(1 << 20) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        return fh.read(size) if stat.S_ISREG(os.fstat(fd).st_mode) else None
 
 
 def emit(out, mark, shown, parent, name):
@@ -71,25 +59,30 @@ def record(out, mark, name, values):
         out.write(f"{mark} {name}\n{json.dumps({name: values})}\n".encode())
 
 
-def ended(top):
-    """Whether progress.json says the run ended (any attempt's: the follower checks which, and
-    sleeps out its poll when it was not the one it follows). A torn file has not."""
-    try:
-        rec = json.loads(regular(top, "progress.json") or b"")
-    except ValueError:  # torn, partial or not UTF-8
-        return False
-    return isinstance(rec, dict) and rec.get("status") in ENDED
-
-
 def wait_for_end(top, wait):
+    """Re-read progress.json until it says the run ended (any attempt's: the follower checks
+    which) or ``wait`` s passed. A torn file has not."""
     deadline = time.monotonic() + wait
-    while not ended(top) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        try:
+            rec = json.loads(regular(top, "progress.json") or b"")
+        except ValueError:  # torn, partial or not UTF-8
+            rec = None
+        if isinstance(rec, dict) and rec.get("status") in ENDED:
+            return
         time.sleep(max(0.0, min(TICK, deadline - time.monotonic())))
 
 
+def lmode(parent, name):
+    """The mode of ``name`` in ``parent`` (an fd), links not followed; 0 when there is none."""
+    try:
+        return os.lstat(name, dir_fd=parent).st_mode
+    except OSError:
+        return 0
+
+
 def links_below(parent, name, depth):
-    """Relative names of the links in the directory ``name`` of ``parent`` (an fd) and its
-    directories, to ``depth``."""
+    """Relative names of the links below the directory ``name`` of ``parent``, to ``depth``."""
     child = opendir(name, parent)
     if child is None:
         return []
@@ -100,21 +93,6 @@ def links_below(parent, name, depth):
         elif entry.is_dir(follow_symlinks=False) and depth > 0:
             found += [f"{name}/{n}" for n in links_below(child, entry.name, depth - 1)]
     os.close(child)
-    return found
-
-
-def planted_links(top):
-    """The links among WATCHED, and below WALKED, in the run directory ``top`` (an fd)."""
-    found = []
-    for name in WATCHED:
-        try:
-            mode = os.lstat(name, dir_fd=top).st_mode
-        except OSError:
-            continue
-        if stat.S_ISLNK(mode):
-            found.append(name)
-        elif stat.S_ISDIR(mode) and name in WALKED:
-            found += links_below(top, name, DEPTH)
     return found
 
 
@@ -134,22 +112,25 @@ def main(run_dir, uid, gid, mark, wait=0.0):
         return  # no such run
     except OSError as exc:  # unreadable: an error, not an absent run
         sys.exit(exc.strerror)  # the follow action says what could not be read
-    if wait > 0:
-        wait_for_end(top, wait)
-    for name in ("config.json", "summary.json", "progress.json", "report.txt"):
+    wait_for_end(top, wait)  # none when wait is 0
+    for name in EMITTED:
         emit(out, mark, name, top, name)
     nodes = opendir("nodes", top)
     for name in sorted(os.listdir(nodes)) if nodes is not None else []:
         if name.endswith(".exit"):
             emit(out, mark, "nodes/" + name, nodes, name)
-    record(out, mark, "links", planted_links(top))
+    links = []  # among WATCHED, and below WALKED
+    for name in WATCHED:
+        mode = lmode(top, name)
+        if stat.S_ISLNK(mode):
+            links.append(name)
+        elif stat.S_ISDIR(mode) and name in WALKED:
+            links += links_below(top, name, DEPTH)
+    record(out, mark, "links", links)
     kept = opendir("checkpoints", top)
     names = os.listdir(kept) if kept is not None else []
     record(out, mark, "checkpoints", sorted(n for n in names if CHECKPOINT.fullmatch(n)))
-    try:
-        plot = stat.S_ISREG(os.lstat("report.png", dir_fd=top).st_mode)
-    except OSError:
-        plot = False
+    plot = stat.S_ISREG(lmode(top, "report.png"))
     record(out, mark, "present", ["report.png"] if plot else [])
 
 

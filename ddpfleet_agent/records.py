@@ -1,12 +1,10 @@
-"""What the agent writes in the run directory, off the supervision loop's thread: its log and
-exit record, progress.json, the report, and summary.json, once, at the run's end (what goes in
-it, and the trainer's part of it: ``summary.py``).
+"""What the agent writes in the run directory: its log and exit record, progress.json, the
+report and, once at the run's end, summary.json (``summary.py``).
 
-Shared storage can stall (a hard NFS mount blocks): every agent write goes through one writer
-thread, so supervision never waits on it; ``flush`` waits a bounded time at the end, and a read
-(``summary``, ``progress``) waits at most ``read_timeout`` s. The host's log and exit record
-also go to a host-local fallback directory (``<host>.log``, ``<host>.exit``), written at once:
-what status.yml reads when the storage is gone.
+Shared storage can stall (a hard NFS mount blocks): every write goes through one writer thread,
+so supervision never waits on it; ``flush`` waits a bounded time, a read ``read_timeout`` s at
+most. The host's log and exit record also go at once to a host-local fallback directory
+(``<host>.log``, ``<host>.exit``): what status.yml reads when the storage is gone.
 """
 
 from __future__ import annotations
@@ -21,7 +19,8 @@ from pathlib import Path
 from ddpfleet_agent.files import (
     STORAGE_READ_TIMEOUT,
     append_line,
-    read_json_within,
+    call_within,
+    read_json,
     tail_lines,
     write_json_atomic,
 )
@@ -49,30 +48,23 @@ class Records:
         fallback_dir: str = "",
         read_timeout: float = STORAGE_READ_TIMEOUT,
     ):
-        self.run_dir = Path(run_dir)
-        self.host = host
+        self.run_dir, self.host, self.read_timeout = Path(run_dir), host, read_timeout
+        self.nodes = self.run_dir / "nodes"
         self.fallback = Path(fallback_dir) if fallback_dir else None
         # an earlier attempt's exit record would read as this one's until this one ends
         self._local(lambda d: (d / f"{host}.exit").unlink(missing_ok=True))
-        self.nodes = self.run_dir / "nodes"
         self._queue: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._work, daemon=True)
-        self._thread.start()
-        self._log = None
+        threading.Thread(target=self._work, daemon=True).start()
         self.pending_progress = False
-        self.read_timeout = read_timeout
         self.storage_silent = False  # a read timed out: no more reads of the shared storage
         self.ending: dict = {}  # what summary.json will say of the run's end (write_attempts)
 
     def _work(self) -> None:
-        while True:
-            job = self._queue.get()
+        for job in iter(self._queue.get, None):
             try:
                 job()
             except OSError as exc:  # shared storage trouble must not end supervision
                 _say(f"write failed: {exc}")
-            finally:
-                self._queue.task_done()
 
     def submit(self, job) -> None:
         self._queue.put(job)
@@ -81,10 +73,9 @@ class Records:
         """Wait up to timeout s for every queued write; False when storage did not answer."""
         done = threading.Event()
         self._queue.put(done.set)
-        if done.wait(timeout):
-            return True
-        self.storage_silent = True
-        return False
+        answered = done.wait(timeout)
+        self.storage_silent = self.storage_silent or not answered
+        return answered
 
     def log(self, line: str) -> None:
         """Append to nodes/<host>.log (queued) and to the fallback's <host>.log (at once)."""
@@ -93,24 +84,15 @@ class Records:
 
     def _local(self, write) -> None:
         """A write to the host-local fallback directory: never fails the agent."""
-        if self.fallback is None:
-            return
         try:
-            write(self.fallback)
+            if self.fallback is not None:
+                write(self.fallback)
         except OSError as exc:
             _say(f"fallback write failed: {exc}")
 
     def _append(self, line: str) -> None:
-        if self._log is None:
-            self.nodes.mkdir(parents=True, exist_ok=True)
-            fd = os.open(
-                self.nodes / f"{self.host}.log",
-                os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
-                0o644,
-            )
-            self._log = os.fdopen(fd, "a", encoding="utf-8")
-        self._log.write(line if line.endswith("\n") else line + "\n")
-        self._log.flush()
+        self.nodes.mkdir(parents=True, exist_ok=True)
+        append_line(self.nodes / f"{self.host}.log", line, 0o644)
 
     def write_exit(self, record: dict) -> None:
         """nodes/<host>.exit (queued) and the fallback's <host>.exit (at once)."""
@@ -121,7 +103,7 @@ class Records:
         self._local(lambda d: write_json_atomic(d / f"{self.host}.exit", record))
 
     def write_progress(self, progress: dict, final: bool = False) -> None:
-        """Queue a progress.json rewrite unless the last one is still waiting for storage (the
+        """Queue a progress.json rewrite unless the last one still waits for the storage (the
         final record, which has the run's status word, is queued all the same)."""
         if self.pending_progress and not final:
             return
@@ -142,20 +124,18 @@ class Records:
         return self._read("progress.json")
 
     def _read(self, name: str) -> dict:
-        """A record of the run directory, read within ``read_timeout`` s; {} when the storage
-        did not answer (then ``storage_silent``, said once on stderr, and no read waits again)."""
+        """A record read within ``read_timeout`` s; {} when the storage did not answer (then
+        ``storage_silent``, said once on stderr, and no read waits again)."""
         if self.storage_silent:
             return {}
-        got = read_json_within(self.run_dir / name, self.read_timeout)
-        if got is None:
+        got = call_within(lambda: read_json(self.run_dir / name), self.read_timeout)
+        if not got:
             self.storage_silent = True
             _say(f"shared storage did not answer a read of {name} within {self.read_timeout:g} s")
-            return {}
-        return got
+        return got[0] if got else {}
 
     def write_report(self, run_id: str, hosts: list[str], nproc: int, ratio: float) -> None:
-        """report.txt and report.png of a completed run (ddpfleet_agent.report), queued after
-        the summary writes and before the final progress.json."""
+        """report.txt and report.png, queued after the summary and before the final progress."""
         from ddpfleet_agent.report import write_report  # noqa: PLC0415 - report imports this
 
         def job() -> None:
@@ -165,6 +145,7 @@ class Records:
 
         self.submit(job)
 
+    # The write_* notes below gather what ``write_attempts`` puts in summary.json.
     def write_failure(
         self,
         run_id: str,
@@ -173,32 +154,27 @@ class Records:
         tail_count: int,
         diagnosis: str | None = None,
     ) -> None:
-        """Note the run's root cause for its summary (``write_attempts`` writes it): the
-        failure, the failing rank's log tail (or its host's) and, where the ranks were dumped,
-        the diagnosis (where each was: forensics/<attempt>/)."""
+        """The run's root cause: the failure, the failing rank's log tail (or its host's) and,
+        where the ranks were dumped, the diagnosis (forensics/<attempt>/)."""
         cause = cause_line(run_id, failure)
-        self.ending.update(run_id=run_id, attempt=attempt, failure=dict(failure), cause=cause,
-                           diagnosis=diagnosis, tail_count=tail_count)  # fmt: skip
+        self.ending.update(run_id=run_id, attempt=attempt, failure=dict(failure), cause=cause)
+        self.ending.update(diagnosis=diagnosis, tail_count=tail_count)
 
     def write_stopped(self, attempt: str) -> None:
-        """Note that the agent ended a stop by killing the ranks (the trainer could not record
-        it): the summary says stopped, by the agent, unless the trainer said so itself."""
+        """The agent ended a stop by killing the ranks (unless the trainer recorded the stop)."""
         self.ending.update(attempt=attempt, stopped_at=time.time())
 
     def write_program_summary(
         self, run_id: str, attempt: str, outcome: str, facts: dict, tail_count: int
     ) -> None:
-        """Note a user's program's facts (program, world size, times, each host's exit) and
-        outcome for its summary; each host's log tail goes in as it is written."""
+        """A user's program's facts (program, world size, times, each host's exit), outcome."""
         program = {"outcome": outcome, "facts": dict(facts)}
         self.ending.update(run_id=run_id, attempt=attempt, program=program, tail_count=tail_count)
 
     def write_attempts(self, attempts: list[dict], restarts: int, keep_part: bool = False) -> None:
-        """Write summary.json, once and whole: the trainer's part (or a program's base) with
-        what was noted of the run's end, its starts (restarts.py) and how many were restarts
-        after a failure (not a host taken back: regrow.py); then remove the part, consumed,
-        unless ``keep_part`` (a stand-in for node rank 0's agent, which may still end after
-        it). Nothing is written when no status is known (nothing ran, nothing failed)."""
+        """Write summary.json, once and whole (``summary.merge``), then remove the trainer's
+        part, consumed, unless ``keep_part`` (a stand-in for node rank 0's agent, which may
+        still end after it). Nothing is written when no status is known."""
         rows, ending = [dict(a) for a in attempts], dict(self.ending)
         ending.setdefault("attempt", rows[-1]["attempt"] if rows else None)
 
@@ -214,19 +190,21 @@ class Records:
         self.submit(job)
 
     def _tails(self, ending: dict) -> dict:
-        """``ending`` with the log tails in: the failing rank's (else its host's) and, for a
-        program, each host's."""
+        """``ending`` with the failing rank's (else its host's) or each program host's log tail."""
         count, out = ending.get("tail_count", 0), dict(ending)
+
+        def host_tail(host: object) -> list[str]:
+            return tail_lines(self.nodes / f"{host}.log", count)
+
         failure = ending.get("failure")
         if failure is not None:
             rank = failure.get("rank")
             logs = self.run_dir / "logs" / f"rank-{rank}.log"
             tail = tail_lines(logs, count) if rank is not None else []
-            out["failure"] = {**failure, "log_tail": tail or tail_lines(
-                self.nodes / f"{failure.get('host')}.log", count)}  # fmt: skip
+            out["failure"] = {**failure, "log_tail": tail or host_tail(failure.get("host"))}
         program = ending.get("program")
         if program is not None:
-            hosts = {host: {**rec, "log_tail": tail_lines(self.nodes / f"{host}.log", count)}
-                     for host, rec in program["facts"].get("hosts", {}).items()}  # fmt: skip
-            out["program"] = {**program, "facts": {**program["facts"], "hosts": hosts}}
+            facts = program["facts"]
+            hosts = {h: {**r, "log_tail": host_tail(h)} for h, r in facts.get("hosts", {}).items()}
+            out["program"] = {**program, "facts": {**facts, "hosts": hosts}}
         return out

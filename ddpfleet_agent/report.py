@@ -5,24 +5,24 @@ over steps, :mod:`ddpfleet_agent.plot`), written by node rank 0's agent.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
-import os
-import stat
 import statistics
 from pathlib import Path
 
 from ddpfleet_agent.files import read_json, write_bytes_atomic
 from ddpfleet_agent.plot import render_png
 from ddpfleet_agent.ranks import number
+from ddpfleet_agent.reader import regular
 
 METRICS_MAX = 64 << 20  # bytes of metrics.jsonl read for the plot
 
 
 def run_status(hosts: list[str], outcomes: dict[str, str], failed: bool) -> str:
-    """The run's status word from each host's exit outcome: failed once a failure was
-    claimed (its host's agent may have died with it); with every host's outcome known,
-    completed (all), stopped (the others completed) or failed; else unknown."""
+    """The run's status word from each host's exit outcome: failed once a failure was claimed
+    (its host's agent may have died with it); else, with every outcome known, completed (all),
+    stopped (the others completed) or failed; else unknown."""
     if failed:
         return "failed"
     known = {outcomes.get(h) for h in hosts}
@@ -41,9 +41,9 @@ def shown(value: object, fmt: str, unit: str = "") -> str:
 def report_lines(
     summary: dict, ratio: float = 0.9, hosts: list[str] | None = None, nproc: int = 1
 ) -> list[str]:
-    """Table of each rank's host, batch share and img/s (a rank below ratio x the median img/s
-    per image of its batch flagged as a straggler: with train_balance a smaller share is no
-    straggler) plus totals, loss, accuracy and wall time."""
+    """Each rank's host, batch share and img/s, then totals, loss, accuracy, wall time and the
+    restarts. A rank below ratio x the median img/s per image of its batch is a straggler (with
+    train_balance a smaller share is none)."""
     per_rank = summary.get("per_rank_images_per_sec") or []
     if isinstance(per_rank, dict):
         per_rank = [per_rank[k] for k in sorted(per_rank, key=int)]
@@ -54,19 +54,17 @@ def report_lines(
     paced = [None if r is None else r / b for r, b in zip(rates, batches, strict=True)]
     known = [p for p in paced if p is not None]
     median = statistics.median(known) if known else 0.0
-    global_batch = sum(batches)
     width = max([4, *(len(h) for h in hosts or [])])
     lines = [f"{'rank':>6}  {'host':<{width}}  {'batch':>11}  {'img/s':>10}  note"]
     for rank, (rate, pace, batch) in enumerate(zip(rates, paced, batches, strict=True)):
         node = rank // max(nproc, 1)
         host = hosts[node] if hosts and node < len(hosts) else "?"
-        share = (
-            f"{batch:g} ({100 * batch / global_batch:.0f}%)" if "per_rank_batch" in summary else "?"
-        )
+        share = f"{batch:g} ({100 * batch / sum(batches):.0f}%)"
+        share = share if "per_rank_batch" in summary else "?"
         slow = pace is not None and pace < ratio * median
         note = f"STRAGGLER ({pace / median:.2f}x median)" if slow else ""
-        rate_text = shown(rate, ".1f")
-        lines.append(f"{rank:>6}  {host:<{width}}  {share:>11}  {rate_text:>10}  {note}".rstrip())
+        row = f"{rank:>6}  {host:<{width}}  {share:>11}  {shown(rate, '.1f'):>10}  {note}"
+        lines.append(row.rstrip())
     lines.append(f"{'total':>6}  {shown(summary.get('images_per_sec'), '.1f'):>10}")
     lines.append(
         f"status {summary.get('status', '?')}, steps {summary.get('steps', '?')}, "
@@ -77,31 +75,27 @@ def report_lines(
     )
     for n, a, change in restarts(summary.get("attempts")):
         where = f", on {len(a.get('hosts') or [])} hosts: {change}" if change else ""
-        lines.append(f"restart {n} at step {a.get('from_step')} (healed in {a.get('heal_sec')} "
-                     f"s{where}) after: {a.get('cause')}")  # fmt: skip
+        healed = f"healed in {a.get('heal_sec')} s{where}"
+        lines.append(f"restart {n} at step {a.get('from_step')} ({healed}) after: {a.get('cause')}")
     return lines
 
 
 def restarts(attempts: object) -> list[tuple[int, dict, str]]:
-    """(n, start, how its hosts differ from the last one's) for each start after the first of
-    an ``attempts`` list (restarts.py, regrow.py); the hosts as ``host_change`` says."""
+    """(n, start, how its hosts differ from the last one's: 'without node3', 'node3 back',
+    both or '') for each start after the first of an ``attempts`` list (restarts.py, regrow.py)."""
     starts = [a for a in attempts if isinstance(a, dict)] if isinstance(attempts, list) else []
-    pairs = itertools.pairwise(starts)
-    return [(n, a, host_change(before, a)) for n, (before, a) in enumerate(pairs, 1)]
-
-
-def host_change(before: dict, after: dict) -> str:
-    """How the hosts of two starts differ: 'without node3', 'node3 back', both, or ''."""
-    was, now = before.get("hosts") or [], after.get("hosts") or []
-    gone, back = [h for h in was if h not in now], [h for h in now if h not in was]
-    return "; ".join(
-        [f"without {', '.join(gone)}"] * bool(gone) + [f"{', '.join(back)} back"] * bool(back)
-    )
+    found = []
+    for n, (before, a) in enumerate(itertools.pairwise(starts), 1):
+        was, now = before.get("hosts") or [], a.get("hosts") or []
+        gone, back = [h for h in was if h not in now], [h for h in now if h not in was]
+        change = [f"without {', '.join(gone)}"] if gone else []
+        change += [f"{', '.join(back)} back"] if back else []
+        found.append((n, a, "; ".join(change)))
+    return found
 
 
 def program_lines(summary: dict, tail: int = 5) -> list[str]:
-    """A user's program (summary.json written by the agents): each host's exit, the wall
-    time, and the last lines of node rank 0's log."""
+    """A user's program: each host's exit, the wall time, the last lines of node rank 0's log."""
     hosts = summary.get("hosts") or {}
     lines = [f"{'host':<16}  {'exit':>5}  outcome"]
     for host, rec in hosts.items():
@@ -123,40 +117,29 @@ def program_lines(summary: dict, tail: int = 5) -> list[str]:
 def read_metrics(path: Path) -> list[dict]:
     """The rows of metrics.jsonl with a numeric step (torn or foreign lines skipped); [] when
     it is missing or not a regular file (never a link)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return []
-    with os.fdopen(fd, "rb") as fh:
-        text = fh.read(METRICS_MAX) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
     rows = []
-    for line in text.decode("utf-8", "replace").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and number(row.get("step")) is not None:
-            rows.append(row)
-    return rows
+    for line in (regular(None, path, METRICS_MAX) or b"").decode("utf-8", "replace").splitlines():
+        with contextlib.suppress(ValueError):
+            rows.append(json.loads(line))
+    return [r for r in rows if isinstance(r, dict) and number(r.get("step")) is not None]
 
 
 def write_report(run_dir: Path, run_id: str, hosts: list[str], nproc: int, ratio: float) -> str:
     """report.txt from summary.json, report.png from metrics.jsonl (none without step rows or
-    Pillow), each through a temp file and os.replace; returns a line for the agent's log."""
+    Pillow), each written whole; returns a line for the agent's log."""
     summary = read_json(run_dir / "summary.json")
-    lines = (
-        program_lines(summary)
-        if "program" in summary
-        else report_lines(summary, ratio, hosts, nproc)
-    )
+    program = "program" in summary
+    lines = program_lines(summary) if program else report_lines(summary, ratio, hosts, nproc)
     write_bytes_atomic(run_dir / "report.txt", ("\n".join(lines) + "\n").encode())
     rows = read_metrics(run_dir / "metrics.jsonl")
     if not rows:
         return "report.txt written (no metrics rows: no report.png)"
+    marks = [
+        (float(a["from_step"]), f"restart {n}" + (f": {change}" if change else ""))
+        for n, a, change in restarts(summary.get("attempts"))
+        if number(a.get("from_step")) is not None
+    ]
     try:
-        marks = [(float(a["from_step"]), f"restart {n}" + (f": {change}" if change else ""))
-                 for n, a, change in restarts(summary.get("attempts"))
-                 if number(a.get("from_step")) is not None]  # fmt: skip
         png = render_png(run_id, rows, marks)
     except ImportError as exc:
         return f"report.txt written; report.png not drawn: {exc}"
