@@ -1,42 +1,29 @@
 """The failure rules of a run: every way the agents judge a run failed, in one place.
 
-A failure is a ``Failure`` record (a JSON object: it goes through the run's store to the other
-agents and into summary.json). The agent that sees one claims it in the store, so every host
-names the same cause. What each rule sees:
-
-- ``rank_problem``: a rank of this host whose heartbeat thread fell silent (frozen), or that
-  said "done" and did not exit, past the heartbeat timeout;
-- ``hang_cause``: a rank anywhere that beats but has not progressed (hung), or that froze;
-- ``host_problem``: another host's agent silent past the peer timeout (gone or unreachable),
-  or every other host silent at once (this host is cut off);
-- ``runtime_problem``: the run past its ``max_runtime``;
-- a rank's own non-zero exit, named by the agent from torchrun's root cause (ranks.py);
-  ``first_cause`` picks which of the hosts' exits ended the run;
-- ``restart_refusal``: whether the agents restart the run in place from its newest checkpoint
-  (``--restarts``) or end it.
+A ``Failure`` is a JSON object: it goes through the run's store to the other agents and into
+summary.json. The agent that sees one claims it in the store, so every host names the same
+cause. A rank's own non-zero exit is named from torchrun's root cause (ranks.py); ``first_cause``
+picks which of the hosts' exits ended the run; ``restart_refusal`` says whether the agents
+restart the run from its newest checkpoint (``--restarts``) or end it.
 """
 
 from __future__ import annotations
 
 import math
-import signal
 import time
 from collections.abc import Mapping
+from signal import SIGBUS, SIGFPE, SIGILL, SIGKILL, SIGSEGV
 from typing import TypedDict
 
 from ddpfleet_agent.ranks import FROZEN_AFTER, exit_signal
 
-# A rank's heartbeat thread beats every second (DDPFLEET_HEARTBEAT_INTERVAL); one this recent
-# is running.
+# A rank's heartbeat thread beats every second (DDPFLEET_HEARTBEAT_INTERVAL): this recent runs.
 LIVE_FRESH = 2.5
-
 
 # A rank that died of one of these was ended from outside (the OOM killer, kill -9) or crashed
 # on its own. A rank that lost a peer ends otherwise: an exception of its collective (an exit
 # code), NCCL's watchdog (SIGABRT), or its launcher ending its siblings (SIGTERM).
-CAUSE_SIGNALS = frozenset(
-    {signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE}
-)
+CAUSE_SIGNALS = frozenset({SIGKILL, SIGSEGV, SIGBUS, SIGILL, SIGFPE})
 
 
 class Failure(TypedDict, total=False):
@@ -86,36 +73,28 @@ def failure(
 
 
 def too_few(members: int, min_hosts: int) -> str:
-    """Why the run cannot go on with ``members`` hosts ('' when it can): fewer than
-    ``min_hosts`` (0: every host of the run, i.e. no shrinking)."""
-    if not min_hosts:
-        return ""  # shrinking was not asked for: a host gone ends the run, as it always did
-    return "" if members >= min_hosts else f"{members} host(s) left, train_min_hosts is {min_hosts}"
+    """Why the run cannot go on with ``members`` hosts, '' when it can (min_hosts 0: shrinking
+    was not asked for, a host gone ends the run as it always did)."""
+    if min_hosts and members < min_hosts:
+        return f"{members} host(s) left, train_min_hosts is {min_hosts}"
+    return ""
 
 
 def restart_refusal(
     cause: Failure, earlier: list[Failure], allowed: int, *, members: int = 0, min_hosts: int = 0
 ) -> str | None:
-    """None when a failed run restarts (in place, or without a host that is gone) after the
-    restarts that ``earlier`` caused; else why not, '' when that goes without saying (restarts
-    off, a host gone with shrinking off, the store lost, the time limit). Said: the rank's own
-    verdict that a restart cannot help, the restarts used up, the same rank failing at the same
-    step as before the last restart (a deterministic error must not loop), too few hosts left
-    (``members``: the hosts of the attempt that failed, ``min_hosts``: ``too_few``), or the
-    host of the run's store gone (node rank 0: the agents' store and torchrun's went with it).
-    """
+    """None when a failed run restarts (in place, or without a host gone) after the restarts
+    ``earlier`` caused; else why not, '' when that goes without saying (restarts off, a host
+    gone with shrinking off, the store lost, the time limit). ``members``: the hosts of the
+    attempt that failed. The same rank failing at the same step again is a deterministic error:
+    it must not loop."""
     why = _kind_refusal(cause, members, min_hosts) if allowed > 0 else ""
     if why is not None:
         return why
     if len(earlier) >= allowed:
         return f"not restarted: all {allowed} restart(s) used"
-    last = earlier[-1] if earlier else None
-    if (
-        last is not None
-        and last.get("rank") == cause.get("rank")
-        and cause.get("step") is not None
-        and last.get("step") == cause.get("step")
-    ):
+    last = earlier[-1] if earlier else {}
+    if cause.get("step") is not None and all(last.get(k) == cause.get(k) for k in ("rank", "step")):
         return (
             f"not restarted: rank {cause.get('rank')} failed again at step {cause.get('step')} "
             "(a deterministic error)"
@@ -124,7 +103,8 @@ def restart_refusal(
 
 
 def _kind_refusal(cause: Failure, members: int, min_hosts: int) -> str | None:
-    """restart_refusal's verdict on the kind of failure alone (None: a restart may heal it)."""
+    """The verdict on the kind of failure alone (None: a restart may heal it). The store's host
+    gone took the agents' store and torchrun's with it."""
     if cause.get("gone"):
         if not min_hosts:
             return ""
@@ -141,9 +121,8 @@ def _kind_refusal(cause: Failure, members: int, min_hosts: int) -> str | None:
 def rank_problem(
     beats: list[dict], heartbeat_timeout: float, stop_timeout: float
 ) -> tuple[int, str] | None:
-    """(rank, reason) of a local rank frozen past the heartbeat timeout, or None. "done" is a
-    rank's last record: it is exiting (process-group teardown, loader workers, interpreter
-    shutdown: seconds on a busy host), not frozen, until it outlasts the stop timeout too."""
+    """(rank, reason) of a local rank frozen past the heartbeat timeout, or None. A rank "done"
+    is exiting (teardown takes seconds on a busy host) until it outlasts the stop timeout too."""
     for r in beats:
         done = r["phase"] == "done"
         limit = max(heartbeat_timeout, stop_timeout) if done else heartbeat_timeout
@@ -163,8 +142,7 @@ def host_problem(
     every other one at once (with two or more) means this host is the one cut off."""
     if not silent:
         return None
-    others = hosts - 1
-    if others >= 2 and len(silent) == others:
+    if hosts >= 3 and len(silent) == hosts - 1:
         return this_node, "lost contact with every other host (this host is cut off)"
     return silent[0], (
         f"no keepalive from its agent for {peer_timeout:.0f}s (host unreachable or gone)"
@@ -189,30 +167,26 @@ def hang_cause(
     A root cause whose heartbeat is late but not that late yet is not judged now: a frozen
     rank stops beating and progressing together, so its progress passes `timeout` first,
     and calling it "hung" then would race its own agent's "frozen"."""
-    ranks = []
-    for node, view in views.items():
-        for r in view.get("ranks") or []:
-            ranks.append((node, r))
-    stuck = [
-        (node, r)
-        for node, r in ranks
-        if r.get("phase") in ("train", "validate") and (r.get("progress_age") or 0) > timeout
-    ]
-    if not stuck:
+    ranks = [(node, r) for node, view in views.items() for r in view.get("ranks") or []]
+    if not any(
+        r.get("phase") in ("train", "validate") and (r.get("progress_age") or 0) > timeout
+        for _, r in ranks
+    ):
         return None
 
     def frozen(r: dict) -> bool:
         return (r.get("live_age") or 0) > min(FROZEN_AFTER, timeout)
 
-    def key(item: tuple[int, dict]) -> tuple[int, int, float]:
+    def key(item: tuple[int, dict]) -> tuple[bool, int, float]:
         r = item[1]
-        return (0 if frozen(r) else 1, int(r.get("step") or 0), -float(r.get("progress_age") or 0))
+        return not frozen(r), int(r.get("step") or 0), -float(r.get("progress_age") or 0)
 
-    node, r = sorted(ranks, key=key)[0]
-    if not frozen(r) and (r.get("live_age") or 0) > LIVE_FRESH:
+    node, r = min(ranks, key=key)
+    cold = frozen(r)
+    if not cold and (r.get("live_age") or 0) > LIVE_FRESH:
         return None  # its heartbeat is late: frozen soon, or beating again
-    what = "frozen (no heartbeat" if frozen(r) else "hung (no progress"
-    age = r.get("live_age") if frozen(r) else r.get("progress_age")
+    what = "frozen (no heartbeat" if cold else "hung (no progress"
+    age = r.get("live_age" if cold else "progress_age")
     at = f"at step {r.get('step')}, phase {r.get('phase')})"
     reason = f"rank {r['rank']} {what} for {float(age or 0):.0f}s {at}"
     step = int(r.get("step") or 0)
