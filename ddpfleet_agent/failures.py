@@ -86,36 +86,26 @@ def restart_refusal(
     """None when a failed run restarts (in place, or without a host gone) after the restarts
     ``earlier`` caused; else why not, '' when that goes without saying (restarts off, a host
     gone with shrinking off, the store lost, the time limit). ``members``: the hosts of the
-    attempt that failed. The same rank failing at the same step again is a deterministic error:
-    it must not loop."""
-    why = _kind_refusal(cause, members, min_hosts) if allowed > 0 else ""
-    if why is not None:
-        return why
-    if len(earlier) >= allowed:
-        return f"not restarted: all {allowed} restart(s) used"
-    last = earlier[-1] if earlier else {}
-    if cause.get("step") is not None and all(last.get(k) == cause.get(k) for k in ("rank", "step")):
-        return (
-            f"not restarted: rank {cause.get('rank')} failed again at step {cause.get('step')} "
-            "(a deterministic error)"
-        )
-    return None
-
-
-def _kind_refusal(cause: Failure, members: int, min_hosts: int) -> str | None:
-    """The verdict on the kind of failure alone (None: a restart may heal it). The store's host
-    gone took the agents' store and torchrun's with it."""
-    if cause.get("gone"):
-        if not min_hosts:
-            return ""
-        if cause.get("node_rank") == 0:
-            return "not restarted: the host of the run's store (node rank 0) is gone"
-        short = too_few(members - 1, min_hosts)
-        return f"not restarted: {short}" if short else None
-    if not cause.get("restartable"):
+    attempt that failed. The store's host gone took the agents' store and torchrun's with it;
+    the same rank failing at the same step again is a deterministic error: it must not loop."""
+    gone, code = cause.get("gone"), cause.get("exit_code")
+    if allowed <= 0 or not (min_hosts if gone else cause.get("restartable")):
         return ""
-    final = FINAL_EXITS.get(cause.get("exit_code"))  # type: ignore[arg-type]
-    return f"not restarted: {final} (exit code {cause.get('exit_code')})" if final else None
+    last = earlier[-1] if earlier else {}
+    rank, step = cause.get("rank"), cause.get("step")
+    if gone and cause.get("node_rank") == 0:
+        why = "the host of the run's store (node rank 0) is gone"
+    elif gone and too_few(members - 1, min_hosts):
+        why = too_few(members - 1, min_hosts)
+    elif not gone and code in FINAL_EXITS:
+        why = f"{FINAL_EXITS[code]} (exit code {code})"  # type: ignore[index]
+    elif len(earlier) >= allowed:
+        why = f"all {allowed} restart(s) used"
+    elif step is not None and (last.get("rank"), last.get("step")) == (rank, step):
+        why = f"rank {rank} failed again at step {step} (a deterministic error)"
+    else:
+        return None
+    return f"not restarted: {why}"
 
 
 def rank_problem(
