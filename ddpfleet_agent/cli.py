@@ -1,6 +1,5 @@
-"""The agent's command line: one dataclass, one parser, one-line errors. The flags that are
-train_* options (--peer-timeout, --restarts, ...) and their defaults and ranges come from the
-one declaration (trainer/options.py), through its generated table ddpfleet_agent/options.py."""
+"""The agent's command line: one dataclass, one parser, one-line errors. The train_* options'
+flags, defaults and ranges come from trainer/options.py, through the generated options.py."""
 
 from __future__ import annotations
 

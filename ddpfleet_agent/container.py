@@ -96,8 +96,7 @@ def _mount(mount: dict) -> str:
     return "--mount=" + spec + (",readonly" if mount.get("read_only") else "")
 
 
-# docker run's words for each parameter (docker_container's names); image and command are
-# positional (after the image: the entrypoint's arguments, then the command)
+# docker run's words for each parameter; after the image: the entrypoint's arguments, the command
 DOCKER_RUN: dict[str, Callable] = {
     "name": lambda name: ["--name", name],
     "pull": _flag("--pull"),

@@ -60,14 +60,12 @@ class Beat:
         self._update(phase=name)
 
     def _update(self, progress: bool = True, **fields: object) -> None:
-        """Set the fields given (None keeps a field as it is); progress now unless told not."""
         with self._lock:
             self._rec.update({k: v for k, v in fields.items() if v is not None})
             if progress:
                 self._rec["progress_time"] = time.time()
 
     def snapshot(self) -> dict[str, object]:
-        """The record as the thread would write it now."""
         with self._lock:
             return {**self._rec, "time": time.time()}
 

@@ -45,8 +45,7 @@ class Failure(TypedDict, total=False):
 
 
 def planned(cause: Mapping | None) -> bool:
-    """A generation node rank 0 ended on purpose, at a checkpoint: hosts taken back or new
-    shares (regrow.py). Nothing failed: no forensics, and no restart is counted."""
+    """A generation ended on purpose at a checkpoint (regrow.py): no forensics, no restart."""
     return bool(cause and (cause.get("regrow") or cause.get("rebalance")))
 
 
@@ -149,14 +148,11 @@ def hang_cause(
     views: dict[int, dict], hosts: list[str], timeout: float, *, judge: str
 ) -> Failure | None:
     """The root cause of a hang, or None: when some rank in phase train/validate has not
-    progressed for `timeout` s, the rank whose step stopped first (a frozen rank before
-    live ones, then lowest step, then the longest without progress) is named.
-
-    Frozen means its heartbeat thread has been silent past min(FROZEN_AFTER, timeout), the
-    limit its own agent judges by; hung means it is still beating (within LIVE_FRESH s).
-    A root cause whose heartbeat is late but not that late yet is not judged now: a frozen
-    rank stops beating and progressing together, so its progress passes `timeout` first,
-    and calling it "hung" then would race its own agent's "frozen"."""
+    progressed for `timeout` s, the rank whose step stopped first (frozen before live, then
+    lowest step, then the longest without progress). Frozen: silent past min(FROZEN_AFTER,
+    timeout), its own agent's limit; hung: still beating. A root cause whose heartbeat is late
+    but not that late is not judged yet: a frozen rank's progress passes `timeout` first, and
+    calling it "hung" would race its own agent's "frozen"."""
     ranks = [(node, r) for node, view in views.items() for r in view.get("ranks") or []]
     if not any(
         r.get("phase") in ("train", "validate") and (r.get("progress_age") or 0) > timeout
@@ -184,11 +180,10 @@ def hang_cause(
 
 
 def first_cause(exits: list[Failure]) -> Failure:
-    """The exit that ended the run, of the failed exits the hosts' agents saw within the
-    settle time: a rank killed or crashed (CAUSE_SIGNALS) before one that exited with an error,
-    then the earliest. Within a second of a rank's death its peers fail too, each on its own
-    host, and the first agent to claim is not always the dead rank's: a user program's rank
-    that loses its peer raises at once, sooner than the dead rank's torchrun exits."""
+    """The exit that ended the run, of those seen within the settle time: a rank killed or
+    crashed (CAUSE_SIGNALS) before an error exit, then the earliest. A dead rank's peers fail
+    within a second too, and may claim first: a user program's rank that loses its peer
+    raises sooner than the dead rank's torchrun exits."""
     return min(
         exits,
         key=lambda f: (

@@ -54,8 +54,8 @@ def rank_of(pid: int) -> int | None:
 
 
 def rank_pids() -> list[int]:
-    """The rank processes visible here (the run container's): those with a RANK whose parent
-    has none (a rank's data-loader workers inherit its RANK)."""
+    """The rank processes here: those with a RANK whose parent has none (a rank's data-loader
+    workers inherit its RANK)."""
     mine = os.getpid()
     parent = parents()
     ranked = {pid for pid in parent if pid != mine and rank_of(pid) is not None}
@@ -69,10 +69,9 @@ def _fds(pid: int) -> int | None:
 
 
 def stacks(pid: int, timeout: float) -> tuple[list[dict] | None, str | None]:
-    """(py-spy's threads, None) or (None, why not) within timeout s: with native frames in
-    the first 60 % of it (unwinding torch's libraries can take seconds on a loaded host),
-    else Python frames only, read without pausing the process (also what a stopped one gets:
-    py-spy cannot pause it)."""
+    """(py-spy's threads, None) or (None, why not) within timeout s: native frames in the
+    first 60 % of it (unwinding torch's libraries takes seconds on a loaded host), else Python
+    frames only, without pausing the process (all a stopped one gets: py-spy cannot pause it)."""
     exe = py_spy()
     if exe is None:
         return None, "py-spy is not installed where the rank runs"
@@ -164,8 +163,7 @@ def _flat(hosts: list[dict]) -> list[dict]:
 
 
 def diagnose_line(hosts: list[dict], missing: dict[str, list[int]]) -> str:
-    """The diagnosis from every host's compact record (``missing``: host -> its ranks, of the
-    hosts that gave none)."""
+    """The diagnosis from every host's compact record (``missing``: host -> its ranks)."""
     return diagnose(_flat(hosts), missing)
 
 

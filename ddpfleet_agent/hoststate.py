@@ -17,8 +17,7 @@ THROTTLING = ("nr_periods", "nr_throttled", "throttled_usec", "throttled_time") 
 
 
 def _stat_within(path: str, timeout: float) -> dict:
-    """Whether the shared storage answers a stat of path within timeout s (an NFS server gone
-    leaves it blocked: the thread is left behind, the answer is "no")."""
+    """Whether a stat of path answers within timeout s (an NFS server gone blocks it)."""
     started = time.monotonic()
 
     def call() -> str | None:

@@ -170,8 +170,7 @@ class LocalRanks:
         return read_heartbeats(self.heartbeat_dir)
 
     def record(self, state: str) -> dict:
-        """This host's record for the store: ``state`` and its ranks' views (``beats``: the
-        heartbeats they were made of, as the metrics show them)."""
+        """This host's record for the store (``beats``: the heartbeats, for the metrics)."""
         self.beats = self.heartbeats()
         return {"state": state, "ranks": rank_views(self.beats, time.time())}
 

@@ -1,11 +1,10 @@
 """Where a rank was, from its stacks, and the run's diagnosis from every rank's.
 
-A rank's stacks are py-spy's JSON (a list of threads, each with its frames, innermost first).
-``where`` reduces them to what the main thread was doing: the collective it waited in (a
-``torch.distributed`` call, or ``backward``: DDP all-reduces the gradients there), a data-loader
-wait, or its innermost function; and the innermost frame of the program itself, its location.
-``diagnose`` groups the ranks by that and names the odd one out: a rank outside the collective
-that the others wait in, a stopped rank, or the ranks of a host that gave no stacks.
+``where`` reduces py-spy's JSON to what the main thread was doing: the collective it waited in
+(``backward`` too: DDP all-reduces the gradients there), a data-loader wait, or its innermost
+function; and the program's own innermost frame. ``diagnose`` groups the ranks by that and
+names the odd one out (a rank outside the collective the others wait in, or a stopped rank)
+and the hosts that gave no stacks.
 """
 
 from __future__ import annotations
