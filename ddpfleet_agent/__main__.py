@@ -21,9 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     except BadAgentInput as exc:
         sys.stderr.write(f"ddpfleet_agent: error: {exc}\n")
         return 2
-    # Nothing the run writes is world-readable (its logs carry the command line, whose
-    # program arguments may be secrets): the agent's files and its ranks' are 0640 / 0750,
-    # readable by the storage owner's group.
+    # Nothing the run writes is world-readable (its logs carry the command line, which may
+    # hold secrets): 0640 / 0750, readable by the storage owner's group.
     os.umask(0o027)
     return Agent(cfg).run()
 

@@ -1,11 +1,10 @@
 """The forensics bundle of a run the agents judged failed, taken before any rank is killed.
 
-Every agent that sees the failure (its own judgement or the one claimed in the store) dumps its
-living ranks (``forensics.collect``), queues their files for ``forensics/<attempt>/``, publishes
-a compact record of them in the store (``dumped/<n>``) and waits until every host still heard
-from has published one, so that no rank is dumped after a peer's ranks died. All of it ends
-``timeout`` + 1 s after it began, whatever a host does. Node rank 0's agent then writes
-index.json and the diagnosis line (``stacks.diagnose``) that summary.json carries.
+Every agent that sees the failure dumps its living ranks into ``forensics/<attempt>/``,
+publishes a compact record of them in the store and waits until every host still heard from
+has published one, so that no rank is dumped after a peer's ranks died: ``timeout`` + 1 s at
+most, whatever a host does. Node rank 0's agent then writes index.json and the diagnosis line
+that summary.json carries.
 """
 
 from __future__ import annotations
@@ -21,10 +20,6 @@ from ddpfleet_agent.ranks import LocalRanks
 from ddpfleet_agent.records import Records
 
 
-def bundle_dir(run_dir: str, attempt: str) -> Path:
-    return Path(run_dir) / "forensics" / (attempt or "attempt")
-
-
 def take(cfg: AgentConfig, peers: Peers, ranks: LocalRanks, records: Records, failure: dict, *,
          say: Callable[[str], None], label: str,
          store_ok: bool) -> tuple[str | None, bool]:  # fmt: skip
@@ -32,16 +27,15 @@ def take(cfg: AgentConfig, peers: Peers, ranks: LocalRanks, records: Records, fa
     if cfg.dump_timeout <= 0:
         return None, store_ok
     deadline = time.time() + cfg.dump_timeout + 1.0
-    out = bundle_dir(cfg.run_dir, label)
+    out = Path(cfg.run_dir) / "forensics" / (label or "attempt")
     collected = forensics.collect(ranks.rank_pids(), cfg.host, cfg.run_dir, cfg.dump_timeout)
     records.submit(lambda: forensics.write_ranks(out, collected))
     say(f"forensics: {len(collected['ranks'])} ranks dumped in {collected['seconds']} s")
     if not store_ok:
         return None, store_ok
-    mine = forensics.compact(collected)
-    dumps = {cfg.node_rank: mine}
+    dumps = {cfg.node_rank: forensics.compact(collected)}
     try:
-        peers.publish_dump(mine)
+        peers.publish_dump(dumps[cfg.node_rank])
         while time.time() < deadline:
             peers.exchange(ranks.record("running"))  # keepalive: this host is not gone
             dumps.update(peers.dumps())

@@ -1,6 +1,5 @@
-"""The agent's command line: one dataclass, one parser, one-line errors. The flags that are
-train_* options (--peer-timeout, --restarts, ...) and their defaults and ranges come from the
-one declaration (trainer/options.py), through its generated table ddpfleet_agent/options.py."""
+"""The agent's command line: one dataclass, one parser, one-line errors. The train_* options'
+flags, defaults and ranges come from trainer/options.py, through the generated options.py."""
 
 from __future__ import annotations
 
@@ -13,8 +12,6 @@ from ddpfleet_agent.files import STORAGE_READ_TIMEOUT
 from ddpfleet_agent.options import FLAGS
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
-
-
 # {dest: declared default} of the flags that are train_* options (--peer-timeout: peer_timeout)
 DECLARED = {flag[2:].replace("-", "_"): default for flag, _, default, *_ in FLAGS}
 
@@ -95,23 +92,19 @@ def _declared_type(kind: str, low: float | None, high: float | None):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m ddpfleet_agent", add_help=True)
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--run-id", required=True)
-    p.add_argument("--host", required=True)
+    p = _Parser(prog="python -m ddpfleet_agent")
+    for flag in ("--run-dir", "--run-id", "--host"):
+        p.add_argument(flag, required=True)
     p.add_argument("--node-rank", type=int, required=True)
-    p.add_argument(
-        "--hosts", required=True, help="inventory names in node-rank order, comma-separated"
-    )
+    p.add_argument("--hosts", required=True, help="inventory names, comma-separated, by node rank")
     p.add_argument(
         "--addresses",
         default="",
-        help="the hosts' cluster addresses in node-rank order, comma-separated, one per host of "
-        "--hosts",
+        help="the hosts' cluster addresses, comma-separated, one per host of --hosts in its order",
     )
     p.add_argument("--store", required=True, help="ADDR:PORT of the run's TCPStore (node rank 0)")
     p.add_argument(
-        "--key-file", required=True, help="the run's secret (made at launch, 0600): signs the store"
+        "--key-file", required=True, help="the run's secret (from launch): signs the store"
     )
     p.add_argument(
         "--storage-timeout",
@@ -134,28 +127,12 @@ def _parser() -> argparse.ArgumentParser:
         help="a host-local directory for this host's log and exit record, which status.yml "
         "reads when the shared storage does not answer",
     )
-    p.add_argument(
-        "--world-size",
-        type=int,
-        default=0,
-        help="recorded with --program; maps ranks to hosts in report.txt",
-    )
-    p.add_argument(
-        "--metrics",
-        default="",
-        help="ADDR:PORT of this agent's Prometheus endpoint (empty: none)",
-    )
+    p.add_argument("--world-size", type=int, default=0, help="ranks in all: maps ranks to hosts")
+    p.add_argument("--metrics", default="", help="ADDR:PORT of its Prometheus endpoint ('': none)")
     for flag, kind, default, low, high, option, text in FLAGS:
-        p.add_argument(
-            flag,
-            type=_declared_type(kind, low, high),
-            default=default,
-            help=(
-                f"{option}: {text}"
-                + (f" The agent takes {low} to {high}." if low is not None else "")
-            ).replace("%", "%%")
-            + " Default: %(default)r.",
-        )
+        takes = "" if low is None else f" The agent takes {low} to {high}."
+        what = f"{option}: {text}{takes}".replace("%", "%%") + " Default: %(default)r."
+        p.add_argument(flag, type=_declared_type(kind, low, high), default=default, help=what)
     return p
 
 

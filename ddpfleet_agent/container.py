@@ -1,18 +1,12 @@
 """A run container's parameters, built once and used by every path that starts it.
 
-``container_params`` (the trainer_run filter ``ddpfleet_container_params``, on the controller)
-builds them under community.docker.docker_container's option names. start.yml passes them to
-that module as they are (a direct launch, and relaunch.yml's from the ones launch.yml kept on
-the host); the slurm role's task program (roles/slurm/files/ddpfleet_slurm_task.py, on each
-node of a run's job) turns the same kept parameters into ``docker run`` with
-``docker_run_argv``, which has one form for each parameter and refuses one it has not (a
-parameter never reaches one path only).
+``container_params`` (the filter ``ddpfleet_container_params``) builds them under
+docker_container's option names, which start.yml passes on as they are. The slurm role's task
+program turns the same parameters into ``docker run`` with ``docker_run_argv``, which refuses
+one it has no form for: a parameter never reaches one path only.
 
-Standard library only, and nothing else of this package: the slurm role installs this file
-beside its task program, which runs with the host's python3 (roles/slurm/files/ holds a link to
-it, as roles/trainer_run/module_utils/ does to ddpfleet_doctor's files). It lives here because
-both the controller's filter and the hosts' task program use it and neither role owns the
-other's files.
+Standard library only, nothing else of this package: the slurm role installs this file beside
+its task program (roles/slurm/files/ links to it), which runs with the host's python3.
 """
 
 from __future__ import annotations
@@ -46,12 +40,10 @@ def container_params(
     command: list[str],
 ) -> dict:
     """The run container of ``host``: PID 1 ``entrypoint + command`` (the run agent), on the
-    host's network; the data sets read-only, the run directory and the host's own record
-    directory of the run (``fallback_dir``) and nothing else of the storage; removed when it
-    exits (the agent has written every record by then), never restarted, never pulled.
-    ``ipc_host``: the host's IPC namespace and /dev/shm, else a private /dev/shm of
-    ``shm_size_mb``; ``cpus``: a Docker CPU quota (0: none); ``gpus``: NVIDIA GPUs (0: none);
-    ``devices``: InfiniBand/RoCE devices (``path:path:rwm``)."""
+    host's network; of the storage only the data sets (read-only), the run directory and the
+    host's own record directory of the run; removed when it exits (every record is written by
+    then), never restarted, never pulled. ``ipc_host``: the host's IPC and /dev/shm, else a
+    private /dev/shm; ``cpus``, ``gpus``: 0 for none; ``devices``: ``path:path:rwm``."""
     params: dict = {
         "name": name,
         "image": image,
@@ -104,8 +96,7 @@ def _mount(mount: dict) -> str:
     return "--mount=" + spec + (",readonly" if mount.get("read_only") else "")
 
 
-# docker run's words for each parameter (docker_container's names); image and command are
-# positional (after the image: the entrypoint's arguments, then the command)
+# docker run's words for each parameter; after the image: the entrypoint's arguments, the command
 DOCKER_RUN: dict[str, Callable] = {
     "name": lambda name: ["--name", name],
     "pull": _flag("--pull"),

@@ -1,8 +1,7 @@
 """Live progress and stall detection for your own program under ddpfleet's run agent.
 
-Standard library only: train.yml puts this file on the PYTHONPATH of a user program
-(``import ddpfleet_heartbeat``); copy it into your project to use it elsewhere. Outside a
-ddpfleet run ($DDPFLEET_HEARTBEAT_DIR unset) every call does nothing.
+Standard library only: train.yml puts this file on a user program's PYTHONPATH; copy it to
+use it elsewhere. Outside a ddpfleet run ($DDPFLEET_HEARTBEAT_DIR unset) every call does nothing.
 
     import ddpfleet_heartbeat as hb
 
@@ -13,18 +12,14 @@ ddpfleet run ($DDPFLEET_HEARTBEAT_DIR unset) every call does nothing.
     beat.phase("validate")  # a long phase without steps is progress too
     beat.stop()  # phase "done"
 
-What the agent does with it: ``time`` older than train_heartbeat_timeout means the process is
-frozen (SIGSTOP, a dead GPU); ``progress_time`` older than that in phase "train" or
-"validate" means a hang (the lowest step is named). The file format, for writing it
-without this module: ``$DDPFLEET_HEARTBEAT_DIR/rank-<RANK>.json``, replaced atomically (write a
+The agent judges a rank frozen when ``time`` is older than train_heartbeat_timeout (SIGSTOP, a
+dead GPU), hung when ``progress_time`` is, in phase "train" or "validate". The file, to write it
+without this module: ``$DDPFLEET_HEARTBEAT_DIR/rank-<RANK>.json``, replaced atomically (a
 temporary file in the same directory, then rename), a JSON object with ``rank`` (int, the
 global rank), ``time`` and ``progress_time`` (Unix seconds), and optionally ``step``,
 ``total_steps``, ``epoch``, ``phase`` (start, train, validate, checkpoint or done), ``loss``
-and ``images_per_sec`` (shown in train.yml's progress lines and progress.json).
-
-ddpfleet's own trainer writes its heartbeat with this class too (``trainer.metrics.Heartbeat``
-subclasses ``Beat``): it adds ``local_rank`` and ``host`` to the record, starts in phase
-"start", and logs a failed write.
+and ``images_per_sec`` (shown in train.yml's progress lines). ddpfleet's trainer subclasses
+``Beat`` (trainer.metrics.Heartbeat).
 """
 
 from __future__ import annotations
@@ -40,10 +35,8 @@ DIR_ENV = "DDPFLEET_HEARTBEAT_DIR"
 
 class Beat:
     """One rank's heartbeat file, rewritten by a daemon thread every ``period`` seconds.
-
-    ``directory`` may be None: ``start`` may give it, and without one nothing is written.
-    ``fields`` are more fields for the record, or first values of its own (``phase="start"``).
-    """
+    ``directory`` None: ``start`` may give it, else nothing is written. ``fields``: more fields
+    for the record, or first values of its own (``phase="start"``)."""
 
     def __init__(self, directory: str | None, rank: int, total_steps: int = 0,
                  period: float = 1.0, **fields: object):  # fmt: skip
@@ -67,14 +60,12 @@ class Beat:
         self._update(phase=name)
 
     def _update(self, progress: bool = True, **fields: object) -> None:
-        """Set the fields given (None keeps a field as it is); progress now unless told not."""
         with self._lock:
             self._rec.update({k: v for k, v in fields.items() if v is not None})
             if progress:
                 self._rec["progress_time"] = time.time()
 
     def snapshot(self) -> dict[str, object]:
-        """The record as the thread would write it now."""
         with self._lock:
             return {**self._rec, "time": time.time()}
 
@@ -98,8 +89,8 @@ class Beat:
             self._write()
 
     def start(self, directory: str | os.PathLike[str] | None = None) -> Beat:
-        """Write the first record and start the thread, in ``directory`` if given (created
-        if missing), else the constructor's. Does nothing when started, or with neither."""
+        """Write the first record and start the thread, in ``directory`` if given (created if
+        missing), else the constructor's. Does nothing when started, or with neither."""
         if self._thread is not None:
             return self
         if directory is not None:
@@ -126,6 +117,5 @@ class Beat:
 
 def start(total_steps: int = 0, rank: int | None = None, period: float = 1.0) -> Beat:
     """Start this process's heartbeat (rank: $RANK from torchrun unless given)."""
-    if rank is None:
-        rank = int(os.environ.get("RANK", "0"))
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
     return Beat(os.environ.get(DIR_ENV), rank, total_steps, period).start()

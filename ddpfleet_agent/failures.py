@@ -1,42 +1,29 @@
 """The failure rules of a run: every way the agents judge a run failed, in one place.
 
-A failure is a ``Failure`` record (a JSON object: it goes through the run's store to the other
-agents and into summary.json). The agent that sees one claims it in the store, so every host
-names the same cause. What each rule sees:
-
-- ``rank_problem``: a rank of this host whose heartbeat thread fell silent (frozen), or that
-  said "done" and did not exit, past the heartbeat timeout;
-- ``hang_cause``: a rank anywhere that beats but has not progressed (hung), or that froze;
-- ``host_problem``: another host's agent silent past the peer timeout (gone or unreachable),
-  or every other host silent at once (this host is cut off);
-- ``runtime_problem``: the run past its ``max_runtime``;
-- a rank's own non-zero exit, named by the agent from torchrun's root cause (ranks.py);
-  ``first_cause`` picks which of the hosts' exits ended the run;
-- ``restart_refusal``: whether the agents restart the run in place from its newest checkpoint
-  (``--restarts``) or end it.
+A ``Failure`` is a JSON object: it goes through the run's store to the other agents and into
+summary.json. The agent that sees one claims it in the store, so every host names the same
+cause. A rank's own non-zero exit is named from torchrun's root cause (ranks.py); ``first_cause``
+picks which of the hosts' exits ended the run; ``restart_refusal`` says whether the agents
+restart the run from its newest checkpoint (``--restarts``) or end it.
 """
 
 from __future__ import annotations
 
 import math
-import signal
 import time
 from collections.abc import Mapping
+from signal import SIGBUS, SIGFPE, SIGILL, SIGKILL, SIGSEGV
 from typing import TypedDict
 
 from ddpfleet_agent.ranks import FROZEN_AFTER, exit_signal
 
-# A rank's heartbeat thread beats every second (DDPFLEET_HEARTBEAT_INTERVAL); one this recent
-# is running.
+# A rank's heartbeat thread beats every second (DDPFLEET_HEARTBEAT_INTERVAL): this recent runs.
 LIVE_FRESH = 2.5
-
 
 # A rank that died of one of these was ended from outside (the OOM killer, kill -9) or crashed
 # on its own. A rank that lost a peer ends otherwise: an exception of its collective (an exit
 # code), NCCL's watchdog (SIGABRT), or its launcher ending its siblings (SIGTERM).
-CAUSE_SIGNALS = frozenset(
-    {signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE}
-)
+CAUSE_SIGNALS = frozenset({SIGKILL, SIGSEGV, SIGBUS, SIGILL, SIGFPE})
 
 
 class Failure(TypedDict, total=False):
@@ -58,8 +45,7 @@ class Failure(TypedDict, total=False):
 
 
 def planned(cause: Mapping | None) -> bool:
-    """A generation node rank 0 ended on purpose, at a checkpoint: hosts taken back or new
-    shares (regrow.py). Nothing failed: no forensics, and no restart is counted."""
+    """A generation ended on purpose at a checkpoint (regrow.py): no forensics, no restart."""
     return bool(cause and (cause.get("regrow") or cause.get("rebalance")))
 
 
@@ -86,64 +72,46 @@ def failure(
 
 
 def too_few(members: int, min_hosts: int) -> str:
-    """Why the run cannot go on with ``members`` hosts ('' when it can): fewer than
-    ``min_hosts`` (0: every host of the run, i.e. no shrinking)."""
-    if not min_hosts:
-        return ""  # shrinking was not asked for: a host gone ends the run, as it always did
-    return "" if members >= min_hosts else f"{members} host(s) left, train_min_hosts is {min_hosts}"
+    """Why the run cannot go on with ``members`` hosts, '' when it can (min_hosts 0: shrinking
+    was not asked for, a host gone ends the run as it always did)."""
+    if min_hosts and members < min_hosts:
+        return f"{members} host(s) left, train_min_hosts is {min_hosts}"
+    return ""
 
 
 def restart_refusal(
     cause: Failure, earlier: list[Failure], allowed: int, *, members: int = 0, min_hosts: int = 0
 ) -> str | None:
-    """None when a failed run restarts (in place, or without a host that is gone) after the
-    restarts that ``earlier`` caused; else why not, '' when that goes without saying (restarts
-    off, a host gone with shrinking off, the store lost, the time limit). Said: the rank's own
-    verdict that a restart cannot help, the restarts used up, the same rank failing at the same
-    step as before the last restart (a deterministic error must not loop), too few hosts left
-    (``members``: the hosts of the attempt that failed, ``min_hosts``: ``too_few``), or the
-    host of the run's store gone (node rank 0: the agents' store and torchrun's went with it).
-    """
-    why = _kind_refusal(cause, members, min_hosts) if allowed > 0 else ""
-    if why is not None:
-        return why
-    if len(earlier) >= allowed:
-        return f"not restarted: all {allowed} restart(s) used"
-    last = earlier[-1] if earlier else None
-    if (
-        last is not None
-        and last.get("rank") == cause.get("rank")
-        and cause.get("step") is not None
-        and last.get("step") == cause.get("step")
-    ):
-        return (
-            f"not restarted: rank {cause.get('rank')} failed again at step {cause.get('step')} "
-            "(a deterministic error)"
-        )
-    return None
-
-
-def _kind_refusal(cause: Failure, members: int, min_hosts: int) -> str | None:
-    """restart_refusal's verdict on the kind of failure alone (None: a restart may heal it)."""
-    if cause.get("gone"):
-        if not min_hosts:
-            return ""
-        if cause.get("node_rank") == 0:
-            return "not restarted: the host of the run's store (node rank 0) is gone"
-        short = too_few(members - 1, min_hosts)
-        return f"not restarted: {short}" if short else None
-    if not cause.get("restartable"):
+    """None when a failed run restarts (in place, or without a host gone) after the restarts
+    ``earlier`` caused; else why not, '' when that goes without saying (restarts off, a host
+    gone with shrinking off, the store lost, the time limit). ``members``: the hosts of the
+    attempt that failed. The store's host gone took the agents' store and torchrun's with it;
+    the same rank failing at the same step again is a deterministic error: it must not loop."""
+    gone, code = cause.get("gone"), cause.get("exit_code")
+    if allowed <= 0 or not (min_hosts if gone else cause.get("restartable")):
         return ""
-    final = FINAL_EXITS.get(cause.get("exit_code"))  # type: ignore[arg-type]
-    return f"not restarted: {final} (exit code {cause.get('exit_code')})" if final else None
+    last = earlier[-1] if earlier else {}
+    rank, step = cause.get("rank"), cause.get("step")
+    if gone and cause.get("node_rank") == 0:
+        why = "the host of the run's store (node rank 0) is gone"
+    elif gone and too_few(members - 1, min_hosts):
+        why = too_few(members - 1, min_hosts)
+    elif not gone and code in FINAL_EXITS:
+        why = f"{FINAL_EXITS[code]} (exit code {code})"  # type: ignore[index]
+    elif len(earlier) >= allowed:
+        why = f"all {allowed} restart(s) used"
+    elif step is not None and (last.get("rank"), last.get("step")) == (rank, step):
+        why = f"rank {rank} failed again at step {step} (a deterministic error)"
+    else:
+        return None
+    return f"not restarted: {why}"
 
 
 def rank_problem(
     beats: list[dict], heartbeat_timeout: float, stop_timeout: float
 ) -> tuple[int, str] | None:
-    """(rank, reason) of a local rank frozen past the heartbeat timeout, or None. "done" is a
-    rank's last record: it is exiting (process-group teardown, loader workers, interpreter
-    shutdown: seconds on a busy host), not frozen, until it outlasts the stop timeout too."""
+    """(rank, reason) of a local rank frozen past the heartbeat timeout, or None. A rank "done"
+    is exiting (teardown takes seconds on a busy host) until it outlasts the stop timeout too."""
     for r in beats:
         done = r["phase"] == "done"
         limit = max(heartbeat_timeout, stop_timeout) if done else heartbeat_timeout
@@ -163,8 +131,7 @@ def host_problem(
     every other one at once (with two or more) means this host is the one cut off."""
     if not silent:
         return None
-    others = hosts - 1
-    if others >= 2 and len(silent) == others:
+    if hosts >= 3 and len(silent) == hosts - 1:
         return this_node, "lost contact with every other host (this host is cut off)"
     return silent[0], (
         f"no keepalive from its agent for {peer_timeout:.0f}s (host unreachable or gone)"
@@ -181,38 +148,31 @@ def hang_cause(
     views: dict[int, dict], hosts: list[str], timeout: float, *, judge: str
 ) -> Failure | None:
     """The root cause of a hang, or None: when some rank in phase train/validate has not
-    progressed for `timeout` s, the rank whose step stopped first (a frozen rank before
-    live ones, then lowest step, then the longest without progress) is named.
-
-    Frozen means its heartbeat thread has been silent past min(FROZEN_AFTER, timeout), the
-    limit its own agent judges by; hung means it is still beating (within LIVE_FRESH s).
-    A root cause whose heartbeat is late but not that late yet is not judged now: a frozen
-    rank stops beating and progressing together, so its progress passes `timeout` first,
-    and calling it "hung" then would race its own agent's "frozen"."""
-    ranks = []
-    for node, view in views.items():
-        for r in view.get("ranks") or []:
-            ranks.append((node, r))
-    stuck = [
-        (node, r)
-        for node, r in ranks
-        if r.get("phase") in ("train", "validate") and (r.get("progress_age") or 0) > timeout
-    ]
-    if not stuck:
+    progressed for `timeout` s, the rank whose step stopped first (frozen before live, then
+    lowest step, then the longest without progress). Frozen: silent past min(FROZEN_AFTER,
+    timeout), its own agent's limit; hung: still beating. A root cause whose heartbeat is late
+    but not that late is not judged yet: a frozen rank's progress passes `timeout` first, and
+    calling it "hung" would race its own agent's "frozen"."""
+    ranks = [(node, r) for node, view in views.items() for r in view.get("ranks") or []]
+    if not any(
+        r.get("phase") in ("train", "validate") and (r.get("progress_age") or 0) > timeout
+        for _, r in ranks
+    ):
         return None
 
     def frozen(r: dict) -> bool:
         return (r.get("live_age") or 0) > min(FROZEN_AFTER, timeout)
 
-    def key(item: tuple[int, dict]) -> tuple[int, int, float]:
+    def key(item: tuple[int, dict]) -> tuple[bool, int, float]:
         r = item[1]
-        return (0 if frozen(r) else 1, int(r.get("step") or 0), -float(r.get("progress_age") or 0))
+        return not frozen(r), int(r.get("step") or 0), -float(r.get("progress_age") or 0)
 
-    node, r = sorted(ranks, key=key)[0]
-    if not frozen(r) and (r.get("live_age") or 0) > LIVE_FRESH:
+    node, r = min(ranks, key=key)
+    cold = frozen(r)
+    if not cold and (r.get("live_age") or 0) > LIVE_FRESH:
         return None  # its heartbeat is late: frozen soon, or beating again
-    what = "frozen (no heartbeat" if frozen(r) else "hung (no progress"
-    age = r.get("live_age") if frozen(r) else r.get("progress_age")
+    what = "frozen (no heartbeat" if cold else "hung (no progress"
+    age = r.get("live_age" if cold else "progress_age")
     at = f"at step {r.get('step')}, phase {r.get('phase')})"
     reason = f"rank {r['rank']} {what} for {float(age or 0):.0f}s {at}"
     step = int(r.get("step") or 0)
@@ -220,11 +180,10 @@ def hang_cause(
 
 
 def first_cause(exits: list[Failure]) -> Failure:
-    """The exit that ended the run, of the failed exits the hosts' agents saw within the
-    settle time: a rank killed or crashed (CAUSE_SIGNALS) before one that exited with an error,
-    then the earliest. Within a second of a rank's death its peers fail too, each on its own
-    host, and the first agent to claim is not always the dead rank's: a user program's rank
-    that loses its peer raises at once, sooner than the dead rank's torchrun exits."""
+    """The exit that ended the run, of those seen within the settle time: a rank killed or
+    crashed (CAUSE_SIGNALS) before an error exit, then the earliest. A dead rank's peers fail
+    within a second too, and may claim first: a user program's rank that loses its peer
+    raises sooner than the dead rank's torchrun exits."""
     return min(
         exits,
         key=lambda f: (

@@ -1,17 +1,10 @@
 """Forensics: where each of this host's ranks was, and the host's state, within a time bound.
 
-``collect`` dumps every rank's stacks with py-spy (from PyPI, in the image; its native frames
-too where the process runs, Python frames only of a stopped one, which py-spy cannot pause),
-each rank on its own thread with ``timeout`` s: a rank that cannot be dumped in time is
-recorded as such. With them: the host's load and memory, the run container's CPU throttling and
-memory (its cgroup), each rank's open file descriptors, whether the shared storage answers a
-stat within the bound, and ``nvidia-smi -q`` where there is one.
-
-The bundle, in ``runs/<run_id>/forensics/<attempt>/`` (``live-<time>/`` for a dump of a live
-run): ``rank-<N>.txt`` (plain text stacks), ``rank-<N>.json`` (the same for a program) and
-``index.json`` (every rank's location, each host's state and the diagnosis, ``stacks.py``).
-
-``python -m ddpfleet_agent dump`` takes the bundle of a live run (-e dump=true; dump.py).
+``collect`` dumps every rank's stacks with py-spy, each rank on its own thread with ``timeout``
+s (a rank not dumped in time is recorded as such), with each rank's open file descriptors and
+the host's state (hoststate.py). The bundle, in ``runs/<run_id>/forensics/<attempt>/``:
+``rank-<N>.txt`` (plain text stacks), ``rank-<N>.json`` (the same for a program) and
+``index.json`` (every rank's location, each host's state and the diagnosis, stacks.py).
 """
 
 from __future__ import annotations
@@ -61,8 +54,8 @@ def rank_of(pid: int) -> int | None:
 
 
 def rank_pids() -> list[int]:
-    """The rank processes visible here (the run container's): those with a RANK whose parent
-    has none (a rank's data-loader workers inherit its RANK)."""
+    """The rank processes here: those with a RANK whose parent has none (a rank's data-loader
+    workers inherit its RANK)."""
     mine = os.getpid()
     parent = parents()
     ranked = {pid for pid in parent if pid != mine and rank_of(pid) is not None}
@@ -76,33 +69,30 @@ def _fds(pid: int) -> int | None:
 
 
 def stacks(pid: int, timeout: float) -> tuple[list[dict] | None, str | None]:
-    """(py-spy's threads, None) or (None, why not) within timeout s: with native frames in
-    the first 60 % of it (unwinding torch's libraries can take seconds on a loaded host),
-    else Python frames only, read without pausing the process (also what a stopped one gets)."""
+    """(py-spy's threads, None) or (None, why not) within timeout s: native frames in the
+    first 60 % of it (unwinding torch's libraries takes seconds on a loaded host), else Python
+    frames only, without pausing the process (all a stopped one gets: py-spy cannot pause it)."""
     exe = py_spy()
     if exe is None:
         return None, "py-spy is not installed where the rank runs"
     deadline = time.monotonic() + timeout
-    tries = [["--nonblocking"]] if proc_state(pid) == "T" else [["--native"], ["--nonblocking"]]
-    why = ""
-    for mode in tries:
-        left = deadline - time.monotonic()
-        if mode == ["--native"]:
-            left *= 0.6
+    late = why = f"py-spy did not finish within {timeout:g} s"
+    for mode in ([] if proc_state(pid) == "T" else ["--native"]) + ["--nonblocking"]:
+        left = (deadline - time.monotonic()) * (0.6 if mode == "--native" else 1)
         if left <= 0:
             break
         try:
-            args = [exe, "dump", "--pid", str(pid), "--json", *mode]
+            args = [exe, "dump", "--pid", str(pid), "--json", mode]
             proc = subprocess.run(args, capture_output=True, text=True, timeout=left, check=False)
         except subprocess.TimeoutExpired:
-            why = f"py-spy did not finish within {timeout:g} s"
+            why = late
             continue
         if proc.returncode == 0:
             with contextlib.suppress(ValueError):
                 return json.loads(proc.stdout), None
         lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
         why = (lines[0] if lines else f"py-spy exited with {proc.returncode}")[:300]
-    return None, why or f"py-spy did not finish within {timeout:g} s"
+    return None, why
 
 
 def _rank(pid: int, timeout: float) -> dict:
@@ -150,10 +140,8 @@ def render(host: str, rec: dict, state: dict) -> str:
             name = str(frame.get("name"))
             if not str(frame.get("filename") or "").endswith(".py"):
                 name = name[:NATIVE_NAME]
-            where_at = f"{frame.get('short_filename')}:{frame.get('line')}"
-            lines.append(
-                f"    {name} ({where_at if frame.get('line') else frame.get('short_filename')})"
-            )
+            at, line = frame.get("short_filename"), frame.get("line")
+            lines.append(f"    {name} ({at}:{line})" if line else f"    {name} ({at})")
     return "\n".join(lines) + "\n"
 
 
@@ -162,10 +150,9 @@ def write_ranks(out: Path, collected: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     host, state = collected["host"], collected["host_state"]
     for rec in collected["ranks"]:
-        (out / f"rank-{rec['rank']}.txt").write_text(render(host, rec, state))
-        write_json_atomic(
-            out / f"rank-{rec['rank']}.json", {"host": host, "host_state": state, **rec}
-        )
+        name = f"rank-{rec['rank']}"
+        (out / f"{name}.txt").write_text(render(host, rec, state))
+        write_json_atomic(out / f"{name}.json", {"host": host, "host_state": state, **rec})
     if collected.get("nvidia_smi"):
         (out / f"nvidia-smi-{host}.txt").write_text(collected["nvidia_smi"])
 
@@ -176,8 +163,7 @@ def _flat(hosts: list[dict]) -> list[dict]:
 
 
 def diagnose_line(hosts: list[dict], missing: dict[str, list[int]]) -> str:
-    """The diagnosis from every host's compact record (``missing``: host -> its ranks, of the
-    hosts that gave none)."""
+    """The diagnosis from every host's compact record (``missing``: host -> its ranks)."""
     return diagnose(_flat(hosts), missing)
 
 

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from ddpfleet_agent.files import call_within
 
+THROTTLING = ("nr_periods", "nr_throttled", "throttled_usec", "throttled_time")  # of cpu.stat
+
 
 def _stat_within(path: str, timeout: float) -> dict:
-    """Whether the shared storage answers a stat of path within timeout s (an NFS server gone
-    leaves it blocked: the thread is left behind, the answer is "no")."""
+    """Whether a stat of path answers within timeout s (an NFS server gone blocks it)."""
     started = time.monotonic()
 
     def call() -> str | None:
@@ -49,11 +50,7 @@ def host_state(storage: str, timeout: float) -> dict:
         "loadavg": _read(Path("/proc/loadavg")).split()[:3],
         "mem_total_kb": mem.get("MemTotal"),
         "mem_available_kb": mem.get("MemAvailable"),
-        "cpu_throttling": {
-            k: cpu[k]
-            for k in ("nr_periods", "nr_throttled", "throttled_usec", "throttled_time")
-            if k in cpu
-        },
+        "cpu_throttling": {k: cpu[k] for k in THROTTLING if k in cpu},
         "container_memory_bytes": _read(cgroup / "memory.current").strip() or None,
         "container_memory_max": _read(cgroup / "memory.max").strip() or None,
     }

@@ -9,11 +9,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from subprocess import DEVNULL, PIPE, STDOUT
+from typing import IO
 
 FROZEN_AFTER = 5.0  # a heartbeat thread silent this long means the process is not running
 KILL_WAIT = 10.0  # seconds kill_all waits for the killed command to be reaped
@@ -25,15 +26,13 @@ _ROOT_CAUSE_RE = re.compile(
 
 
 def exit_signal(code: int | None) -> int | None:
-    """The signal an exit code says the process died of (negative: Popen's -signal; over 128:
-    a shell's 128+signal), or None."""
+    """The signal of an exit code (Popen's -signal, a shell's 128+signal), or None."""
     if code is None or not (code < 0 or code > 128):
         return None
     return -code if code < 0 else code - 128
 
 
 def describe_exit(code: int) -> str:
-    """One phrase for a process exit code (negative: killed by that signal)."""
     num = exit_signal(code)
     if num is not None:
         with contextlib.suppress(ValueError):
@@ -54,7 +53,6 @@ def parents() -> dict[int, int]:
 
 
 def children(pid: int) -> list[int]:
-    """Direct children of pid (empty when it has none or is gone)."""
     return [child for child, parent in parents().items() if parent == pid]
 
 
@@ -99,18 +97,16 @@ def _count(value: object) -> int:
     return int(n) if n is not None and math.isfinite(n) else 0
 
 
-# What a rank's view carries of its heartbeat besides rank and phase: counts (0 unless a finite
-# number) and numbers (None unless one). batch: its share of the global batch (trainer); saved:
-# the step of the newest checkpoint; sec_per_image: its own (stragglers.py); interval_step: the
-# step of the last log interval.
+# A rank's view of its heartbeat besides rank and phase: counts (0 unless a finite number) and
+# numbers (None unless one). batch: its share of the global batch; saved: the newest checkpoint's
+# step; sec_per_image: for stragglers.py; interval_step: the step of the last log interval.
 COUNTS = ("step", "total_steps", "interval_step")
 NUMBERS = ("epoch", "loss", "images_per_sec", "batch", "micro_batches", "saved", "sec_per_image")
 
 
 def rank_views(beats: dict[int, dict], now: float) -> list[dict]:
-    """What the store carries per rank: step, phase and ages measured on this host's clock.
-    Numbers only where numbers go (a user's program writes its own heartbeat): the other
-    agents ignore a view of another shape (``wire.SHAPES``)."""
+    """What the store carries per rank, ages on this host's clock. Numbers only where numbers go
+    (a user's program writes its own heartbeat): the agents ignore other shapes (wire.SHAPES)."""
     views = []
     for rank, rec in sorted(beats.items()):
         live = number(rec.get("time"))
@@ -145,24 +141,16 @@ class LocalRanks:
         env = {**env, "DDPFLEET_HEARTBEAT_DIR": str(self.heartbeat_dir)}
         self.started = time.time()
         self.proc = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
+            command, stdout=PIPE, stderr=STDOUT, stdin=DEVNULL, env=env, start_new_session=True
         )
-        self._pump = threading.Thread(target=self._copy_output, daemon=True)
+        self._pump = threading.Thread(target=self._copy, args=(self.proc.stdout,), daemon=True)
         self._pump.start()
 
-    def _copy_output(self) -> None:
-        assert self.proc is not None
-        assert self.proc.stdout is not None
-        for raw in iter(self.proc.stdout.readline, b""):
+    def _copy(self, out: IO[bytes]) -> None:
+        for raw in iter(out.readline, b""):
             line = raw.decode("utf-8", "replace")
             self.tail = ([*self.tail, line.rstrip("\n")])[-400:]
-            sys.stdout.write(line)
-            sys.stdout.flush()
+            print(line, end="", flush=True)
             self.sink(line)
 
     def poll(self) -> int | None:
@@ -182,8 +170,7 @@ class LocalRanks:
         return read_heartbeats(self.heartbeat_dir)
 
     def record(self, state: str) -> dict:
-        """This host's record for the store: ``state`` and its ranks' views (``beats``: the
-        heartbeats they were made of, as the metrics show them)."""
+        """This host's record for the store (``beats``: the heartbeats, for the metrics)."""
         self.beats = self.heartbeats()
         return {"state": state, "ranks": rank_views(self.beats, time.time())}
 
@@ -198,9 +185,8 @@ class LocalRanks:
         return pids
 
     def kill_all(self) -> None:
-        """SIGKILL the command and everything below it (frozen processes too), then reap it.
-        The tree is stopped first, until a scan finds nothing new, so that a process still
-        forking cannot leave a child behind the kill."""
+        """SIGKILL the command's whole tree (frozen processes too), then reap it. The tree is
+        stopped first, until a scan finds nothing new: a process still forking leaves no child."""
         if self.proc is None or self.proc.poll() is not None:
             return
         tree: list[int] = [self.proc.pid]
@@ -219,8 +205,7 @@ class LocalRanks:
         found = list(_ROOT_CAUSE_RE.finditer("\n".join(self.tail)))
         if found:
             rank, code = int(found[-1].group(1)), int(found[-1].group(3))
-            return rank, code, f"rank {rank} {describe_exit(code)}"
-        beats = self.heartbeats()
-        if len(beats) == 1:  # one rank on this host: it is the one
-            return next(iter(beats)), code, f"rank {next(iter(beats))} {describe_exit(code)}"
-        return None, code, f"launcher {describe_exit(code)}"
+        else:
+            beats = self.heartbeats()
+            rank = next(iter(beats)) if len(beats) == 1 else None  # this host's one rank
+        return rank, code, f"{'launcher' if rank is None else f'rank {rank}'} {describe_exit(code)}"

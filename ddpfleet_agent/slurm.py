@@ -1,8 +1,6 @@
 """A run as one Slurm job (train.yml -e train_scheduler=slurm), on the controller: the sbatch
 command that submits it, and the queue as squeue shows it. Each node of the job runs the slurm
-role's task program (roles/slurm/files/ddpfleet_slurm_task.py), which starts the run's container
-from the parameters train.yml kept on that host; the agents then supervise the run as in a
-direct launch."""
+role's task program, which starts the run's container from the parameters kept on that host."""
 
 from __future__ import annotations
 

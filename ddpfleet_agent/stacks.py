@@ -1,11 +1,10 @@
 """Where a rank was, from its stacks, and the run's diagnosis from every rank's.
 
-A rank's stacks are py-spy's JSON (a list of threads, each with its frames, innermost first).
-``where`` reduces them to what the main thread was doing: the collective it waited in (a
-``torch.distributed`` call, or ``backward``: DDP all-reduces the gradients there), a data-loader
-wait, or its innermost function; and the innermost frame of the program itself, its location.
-``diagnose`` groups the ranks by that and names the odd one out: a rank outside the collective
-that the others wait in, a stopped rank, or the ranks of a host that gave no stacks.
+``where`` reduces py-spy's JSON to what the main thread was doing: the collective it waited in
+(``backward`` too: DDP all-reduces the gradients there), a data-loader wait, or its innermost
+function; and the program's own innermost frame. ``diagnose`` groups the ranks by that and
+names the odd one out (a rank outside the collective the others wait in, or a stopped rank)
+and the hosts that gave no stacks.
 """
 
 from __future__ import annotations
@@ -69,12 +68,9 @@ def diagnose(ranks: list[dict], missing: dict[str, list[int]] | None = None) -> 
     hosts that gave no stacks (host -> its ranks, where known), e.g. "ranks 0,1 wait in
     all_reduce (engine.py:142); rank 2 (node3) in slow_step (hook.py:6): the odd one out"."""
     groups: dict[str, list[dict]] = {}
-    failed = []
     for rec in ranks:
         if rec.get("where"):
             groups.setdefault(rec["where"]["what"], []).append(rec)
-        else:
-            failed.append(rec)
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), min(r["rank"] for r in kv[1])))
     odd = _odd_one_out(ordered, bool(missing))
     parts = []
@@ -86,8 +82,9 @@ def diagnose(ranks: list[dict], missing: dict[str, list[int]] | None = None) -> 
         verb = "wait in" if _waits(what) else ("is" if what.startswith("stopped") else "in")
         parts.append(f"{who} {verb} {what}" + (f" ({at})" if at else "") +
                      (": the odd one out" if what == odd else ""))  # fmt: skip
-    for rec in failed:
-        parts.append(f"rank {rec['rank']} ({rec.get('host')}): no stacks ({rec.get('error')})")
+    for rec in ranks:
+        if not rec.get("where"):
+            parts.append(f"rank {rec['rank']} ({rec.get('host')}): no stacks ({rec.get('error')})")
     for host, host_ranks in sorted((missing or {}).items()):
         who = _ranks(host_ranks) + " of " if host_ranks else ""
         parts.append(f"{who}{host}: no stacks (its agent did not answer)")
