@@ -3,6 +3,7 @@ the other waits in, dumped with the real py-spy; the diagnosis names it and wher
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -61,6 +62,7 @@ def gloo_run(tmp_path_factory):
             "--master-port", str(_free_port()), str(tmp / "prog.py")]  # fmt: skip
     launcher = subprocess.Popen(args, cwd=tmp, env=env, start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    pids: list[int] = []
     try:
         pids = _rank_pids(launcher.pid, 2)
         deadline = time.monotonic() + 180  # until rank 1 sits in slow_step (a loaded host)
@@ -73,6 +75,11 @@ def gloo_run(tmp_path_factory):
             raise AssertionError(f"rank 1 never reached slow_step: {got}")
         yield {"pids": pids, "tmp": tmp}
     finally:
+        # torchrun starts each rank in a session of its own: killing the launcher's group
+        # alone left the ranks running after the tests (found as orphans beside later tiers)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait(10)
 
