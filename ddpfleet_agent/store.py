@@ -2,7 +2,7 @@
 serves it on ``--store``, every agent (its own too) is a client. Standard library only: it
 replaced torch's c10d TCPStore, whose import cost an agent ~2.2 CPU-s and ~630 MB before it
 could start its command, and made a user's image need torch for the agent alone. Its five calls
-keep c10d's meaning, but ``get`` answers None for a missing key (the agents ``check`` first).
+keep c10d's meaning, but ``get`` answers None for a missing key.
 
 A request and its answer are each one frame (wire.py) of a JSON object, values base64-coded.
 A frame the server cannot read closes the connection; a request it cannot apply is answered
@@ -29,7 +29,7 @@ from ddpfleet_agent.wire import Hangup, receive, recv_frame, send_frame
 
 CONNECT_RETRY_S = 0.2  # between attempts while the server is not up yet (or not reachable)
 # One connection per agent (a reconnect closes the old one first): 256 serves runs of 200 hosts
-# and more, with room for the probes of hosts left out (membership.reconnect); each is a thread.
+# and more, with room for the probes of hosts left out (peers.reconnect); each is a thread.
 MAX_CONNECTIONS = 256
 
 MAX_BYTES = 64 << 20  # memory the keys and values take in all
