@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import re
-import threading
 import time
 from collections.abc import Callable
 
 from ddpfleet_agent.cli import AgentConfig
+from ddpfleet_agent.files import call_within
 from ddpfleet_agent.store import StoreClient, StoreError, StoreServer
 from ddpfleet_agent.wire import SHAPES, admits, seal, unseal
 
@@ -71,27 +71,23 @@ class Membership:
 
     def _guarded(self, fn: Callable[[], object]) -> object:
         """fn() on a daemon thread, waited for at most peer_timeout: a peer cut off by dropped
-        packets leaves a socket read blocked far longer than the store's own timeout (and a
-        daemon thread left blocked does not keep the agent from exiting)."""
+        packets leaves a socket read blocked far longer than the store's own timeout."""
         if self._broken:
             raise StoreLost(self._broken)
-        box: dict[str, object] = {}
 
-        def call() -> None:
+        def call() -> tuple[object, BaseException | None]:
             try:
-                box["value"] = fn()
+                return fn(), None
             except BaseException as exc:  # handed to the caller's thread below
-                box["error"] = exc
+                return None, exc
 
-        worker = threading.Thread(target=call, daemon=True, name="store")
-        worker.start()
-        worker.join(self.cfg.peer_timeout)
-        if worker.is_alive():
+        if not (done := call_within(call, self.cfg.peer_timeout)):
             self._broken = f"no answer from the store for {self.cfg.peer_timeout:.0f}s"
             raise StoreLost(self._broken)
-        if "error" in box:
-            raise box["error"]  # type: ignore[misc]
-        return box.get("value")
+        value, error = done[0]
+        if error is not None:
+            raise error
+        return value
 
     def _open(self, timeout: float = 0.0) -> None:
         """A new connection to the store (calls wait ``timeout``, else peer_timeout); its host's
@@ -189,9 +185,9 @@ class Membership:
         self._guarded(lambda: self._set(f"join/{self.cfg.node_rank}", asked))
 
     def joins(self) -> list[int]:
-        """Node rank 0: the hosts left out that asked to come back since they were last let in:
-        a request naming a generation not older than the host's last welcome, as this agent
-        wrote it or as the store has it (an older copy set over it does not count)."""
+        """Node rank 0: the hosts left out that asked to come back since last let in: naming a
+        generation not older than their last welcome as this agent wrote it or the store has
+        it (an older copy of a request set over it does not count)."""
         out = [n for n in range(len(self.cfg.hosts)) if n not in self.members]
 
         def asked(n: int) -> bool:

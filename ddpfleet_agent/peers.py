@@ -26,8 +26,7 @@ PROBE_S = 2.0  # how long a host looking for the run's store waits for one host'
 
 class Peers(Membership):
     def connect(self) -> None:
-        """Read the run's secret, then connect to the store (its host's agent serves it)."""
-        self.read_key()
+        """Connect to the store (its host's agent serves it), once ``read_key`` read the key."""
         self._open()
 
     def read_key(self) -> None:
@@ -46,8 +45,8 @@ class Peers(Membership):
 
     def ran_before(self) -> bool:
         """An earlier agent of this host was in the run (its container started again): the
-        store has its keepalive. The count goes on from that one (the others count it only when
-        it grows), and the next answer (``welcome/<n>``) must be newer than the last."""
+        store has its keepalive. Its count goes on (the others count only a growing one), and
+        the next answer (``welcome/<n>``) must be newer than the last."""
         keys = (f"alive/{self.cfg.node_rank}", f"welcome/{self.cfg.node_rank}")
         alive, welcome = self._guarded(lambda: [self._get(k) for k in keys])  # type: ignore[misc]
         if alive is None:
@@ -69,8 +68,7 @@ class Peers(Membership):
         mine, claimed = scoped(f"ranks/{node}"), scoped("failure")
         views = {n: scoped(f"ranks/{n}") for n in self.members}
         exits = [n for n in self.members if n not in self.exits]
-        self.beats += 1
-        beat = self.beats
+        beat = self.beats = self.beats + 1
 
         def calls() -> tuple:  # on the guard's thread: writes and reads, no state
             self._set(mine, record)
@@ -156,7 +154,7 @@ class Peers(Membership):
                 raw = client.get("leader")
         except (OSError, RuntimeError):
             return None
-        return self._shaped("leader", raw) if raw else None
+        return self._shaped("leader", raw)
 
     def reconnect(self) -> bool:
         """Connect to the run's store again (this host was cut off or left out, or its agent

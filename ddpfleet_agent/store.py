@@ -1,16 +1,13 @@
 """The run's key-value store, which the hosts' agents share (peers.py): node rank 0's agent
-serves it on ``--store``, every agent (its own too) is a client. Standard library only: it
-replaced torch's c10d TCPStore, whose import cost an agent ~2.2 CPU-s and ~630 MB before it
-could start its command, and made a user's image need torch for the agent alone. Its five calls
-keep c10d's meaning, but ``get`` answers None for a missing key.
-
-A request and its answer are each one frame (wire.py) of a JSON object, values base64-coded.
-A frame the server cannot read closes the connection; a request it cannot apply is answered
+serves it on ``--store``, every agent (its own too) is a client. Standard library only: torch's
+c10d TCPStore, which it replaced, cost an agent ~2.2 CPU-s and ~630 MB to import, and a user's
+image torch for the agent alone. Its five calls keep c10d's meaning, but ``get`` answers None
+for a missing key. A request and its answer are each one frame (wire.py), values base64-coded;
+a frame the server cannot read closes the connection, a request it cannot apply is answered
 with ``error`` (``StoreError``). Any client on the cluster network may connect, within bounds:
-``MAX_CONNECTIONS`` at once, wire.py's on each frame, and ``MAX_BYTES`` of memory in keys and
-values, counted as Python holds them (``cost``): replacing a value with one no larger always
-succeeds, so a full store never refuses an agent's rewrite of its own key. Node rank 0's agent
-serves it with wire.admits: the agents' keys only, with values sealed for this launch.
+``MAX_CONNECTIONS`` at once, wire.py's on each frame, ``MAX_BYTES`` of keys and values as Python
+holds them (``cost``; a value replaced by one no larger always fits, so a full store never
+refuses an agent's rewrite of its own key), and wire.admits: the agents' sealed keys only.
 """
 
 from __future__ import annotations
@@ -22,10 +19,9 @@ import socketserver
 import sys
 import threading
 import time
-from collections.abc import Callable
 
 from ddpfleet_agent import wire
-from ddpfleet_agent.wire import Hangup, receive, recv_frame, send_frame
+from ddpfleet_agent.wire import Admits, Hangup, receive, recv_frame, send_frame
 
 CONNECT_RETRY_S = 0.2  # between attempts while the server is not up yet (or not reachable)
 # One connection per agent (a reconnect closes the old one first): 256 serves runs of 200 hosts
@@ -36,8 +32,6 @@ MAX_BYTES = 64 << 20  # memory the keys and values take in all
 # A dictionary's own memory per entry beyond key and value: 8 bytes of index and 24 of entry in
 # tables up to ~2x the entries (38 an entry measured, CPython 3.11), and pymalloc's rounding.
 ENTRY = 96
-# why the server refuses a request (op, key, value: None but for set and compare_set), '' if not
-Admits = Callable[[str, str, bytes | None], str]
 
 
 class StoreError(RuntimeError):
@@ -51,7 +45,7 @@ def encode(value: bytes | str | None) -> str | None:
 
 
 def decode(text: object) -> bytes:
-    """``text`` as JSON gave it: TypeError when not a string (JSON gives no bytes)."""
+    """``text`` as JSON gave it (StoreError unless a base64 string: JSON gives no bytes)."""
     try:
         return base64.b64decode(text, validate=True)  # type: ignore[arg-type]
     except (ValueError, TypeError):  # binascii.Error is a ValueError, as is non-ASCII text
@@ -64,8 +58,7 @@ def cost(key: str, value: bytes) -> int:
 
 
 def server_class(base: type[socketserver.TCPServer], host: str, port: int) -> type:
-    """``base`` bound to the address family of ``host`` (IPv4 or IPv6): socketserver's
-    servers are IPv4 unless told, where a cluster address may be IPv6."""
+    """``base`` bound to the address family of ``host``: socketserver's are IPv4 unless told."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     return type(base.__name__, (base,), {"address_family": family})
 

@@ -1,18 +1,15 @@
-"""What travels between the agents and their store (store.py): frames, and the sealed values in
-them (peers.py reads and writes them).
+"""What travels between the agents and their store (store.py): frames, and the values the
+agents put in it (peers.py), sealed, of the shapes they must have to be acted on.
 
 A request and its answer are each one frame, a 4-byte big-endian length and a JSON object. What
 the server reads from a client is bounded in time and memory; what a client reads comes from the
-run's own store.
-
-A value is ``{"mac": <hex>, "v": <the JSON value>}``: HMAC-SHA256 over the key's name, a newline
-and the value's sorted JSON, under the run's secret bound to the launch (``launch_key``), so an
-earlier launch's value, or another generation's (``@<g>`` in the name), does not pass. Size,
-layout and MAC are checked before the JSON is parsed; what fails, for any reason, is None.
-
-The store's server (node rank 0's agent) takes only this (``admits``): keys of ``KEY`` (derived
-from ``SHAPES``), deletes of the keys agents delete (none they wait for), sealed values: a client
-without the secret can neither fill the store, nor plant a value, nor take one away.
+run's own store. A value is ``{"mac": <hex>, "v": <the JSON value>}``: HMAC-SHA256 over the
+key's name, a newline and the value's sorted JSON, under the run's secret bound to the launch
+(``launch_key``), so an earlier launch's value, or another generation's (``@<g>`` in the name),
+does not pass. Size, layout and MAC are checked before the JSON is parsed; what fails is None.
+The store's server takes only this (``admits``): keys of ``KEY`` (from ``SHAPES``), deletes of
+the keys agents delete (none they wait for), sealed values: a client without the secret can
+neither fill the store, nor plant a value, nor take one away.
 """
 
 from __future__ import annotations
@@ -111,12 +108,11 @@ def receive(sock: socket.socket, hold: Callable[[int], None]) -> dict:
 RANK_NUMBERS = (*COUNTS, *NUMBERS, "live_age", "progress_age")  # ranks.rank_views
 
 
-def _int(value: object) -> bool:
-    return type(value) is int  # not a bool
+def _is(kind: type) -> Callable[[object], bool]:
+    return lambda value: type(value) is kind  # an int is not a bool (JSON makes no subclasses)
 
 
-def _str(value: object) -> bool:
-    return isinstance(value, str)
+_int, _str = _is(int), _is(str)
 
 
 def _none_or(check: Callable[[object], bool]) -> Callable[[object], bool]:
@@ -151,7 +147,7 @@ SHAPES: dict[str, Callable[[dict], bool]] = {
         host=_str, reason=_str, rank=_none_or(_int), rebalance=_weights, speeds=_weights
     ),
     "stop": _fields(by=_str),
-    "dumped": _fields(host=_str, ranks=lambda value: isinstance(value, list)),
+    "dumped": _fields(host=_str, ranks=_is(list)),
     "ready": _fields(host=_str),
     "join": _fields(host=_str, generation=_int),
     "welcome": _fields(generation=_int, nodes=_list_of(_int), weights=_weights),
@@ -208,9 +204,12 @@ def unseal(key: bytes, name: str, raw: bytes | str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def admits(key: bytes) -> Callable[[str, str, bytes | None], str]:
-    """The store server's check (store.Admits): why it refuses ``op`` on key ``name`` with
-    value ``raw`` (None: none), '' when it takes it."""
+# why the store refuses a request (op, key, value: None but for set and compare_set), '' if not
+Admits = Callable[[str, str, bytes | None], str]
+
+
+def admits(key: bytes) -> Admits:
+    """The store server's check: the agents' keys, deletes and sealed values only."""
 
     def check(op: str, name: str, raw: bytes | None) -> str:
         if not KEY.fullmatch(name):
