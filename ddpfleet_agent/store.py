@@ -91,16 +91,13 @@ class StoreServer(socketserver.ThreadingTCPServer):
                 raise ConnectionError("too many bytes of frames being received")
             self.held += size
 
-    def process_request(self, request: socket.socket, client_address: tuple) -> None:
-        """A thread for the connection, or closed at once when MAX_CONNECTIONS are open."""
+    def verify_request(self, request: socket.socket, client_address: tuple) -> bool:
+        """A connection gets a thread, or is closed at once when MAX_CONNECTIONS are open."""
         with self.lock:
-            full = len(self.connections) >= MAX_CONNECTIONS
-            if not full:
-                self.connections.add(request)
-        if full:
-            self.shutdown_request(request)
-        else:
-            super().process_request(request, client_address)
+            if len(self.connections) >= MAX_CONNECTIONS:
+                return False
+            self.connections.add(request)
+            return True
 
     def finish_request(self, request: socket.socket, client_address: tuple) -> None:
         """Answer the client's requests on its own thread until it goes (timeouts too)."""
