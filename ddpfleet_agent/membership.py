@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import re
-import threading
 import time
 from collections.abc import Callable
 
 from ddpfleet_agent.cli import AgentConfig
+from ddpfleet_agent.files import call_within
 from ddpfleet_agent.store import StoreClient, StoreError, StoreServer
 from ddpfleet_agent.wire import SHAPES, admits, seal, unseal
 
@@ -38,8 +38,6 @@ def _lost(exc: BaseException) -> StoreLost:
 
 
 class Membership:
-    stores: Callable[[], dict[int, int]]  # Peers'
-
     def __init__(self, cfg: AgentConfig, note: Callable[[str], None]):
         """``note``: says a line once per key whose value is ignored (the agent's log)."""
         self.cfg, self.note = cfg, note
@@ -73,38 +71,34 @@ class Membership:
 
     def _guarded(self, fn: Callable[[], object]) -> object:
         """fn() on a daemon thread, waited for at most peer_timeout: a peer cut off by dropped
-        packets leaves a socket read blocked far longer than the store's own timeout (and a
-        daemon thread left blocked does not keep the agent from exiting)."""
+        packets leaves a socket read blocked far longer than the store's own timeout."""
         if self._broken:
             raise StoreLost(self._broken)
-        box: dict[str, object] = {}
 
-        def call() -> None:
+        def call() -> tuple[object, BaseException | None]:
             try:
-                box["value"] = fn()
+                return fn(), None
             except BaseException as exc:  # handed to the caller's thread below
-                box["error"] = exc
+                return None, exc
 
-        worker = threading.Thread(target=call, daemon=True, name="store")
-        worker.start()
-        worker.join(self.cfg.peer_timeout)
-        if worker.is_alive():
+        if not (done := call_within(call, self.cfg.peer_timeout)):
             self._broken = f"no answer from the store for {self.cfg.peer_timeout:.0f}s"
             raise StoreLost(self._broken)
-        if "error" in box:
-            raise box["error"]  # type: ignore[misc]
-        return box.get("value")
+        value, error = done[0]
+        if error is not None:
+            raise error
+        return value
 
-    def _open(self) -> None:
-        """A new connection to the store (its host's agent: serve it first, once, with the
-        sealed ``leader`` record that tells a host looking for the run's store it is this)."""
+    def _open(self, timeout: float = 0.0) -> None:
+        """A new connection to the store (calls wait ``timeout``, else peer_timeout); its host's
+        agent serves it first, once, with the ``leader`` record that hosts looking for it read."""
         host, port = self.address(self.leader), self.cfg.store_port
         try:
             if serve := self.leads and self.server is None:
                 self.server = StoreServer(host, port, admits(self.key))
             if self.store is not None:
                 self.store.close()
-            self.store = StoreClient(host, port, self.cfg.peer_timeout)
+            self.store = StoreClient(host, port, timeout or self.cfg.peer_timeout)
         except OSError as exc:
             raise _lost(exc) from None
         if serve:
@@ -127,11 +121,11 @@ class Membership:
             raise _lost(exc) from None
 
     def _get(self, key: str) -> dict | None:
-        return self._shaped(key, self._call("get", key)) if self._call("check", [key]) else None
+        return self._shaped(key, self._call("get", key))  # None for a missing key too
 
     def _shaped(self, key: str, raw: bytes | str | None) -> dict | None:
-        """The value of key when it is sealed with the run's key and has the shape agents
-        write, else None (noted once)."""
+        """The value of key if sealed with the run's key and of a shape agents write, else None
+        (noted once)."""
         value = unseal(self.key, key, raw) if raw else None
         if value is not None and SHAPES[re.split("[/@]", key, maxsplit=1)[0]](value):
             return value
@@ -144,18 +138,12 @@ class Membership:
     def _set(self, key: str, value: dict) -> None:
         self._call("set", key, seal(self.key, key, value))
 
-    def _keepalive(self) -> None:
-        """This host's keepalive: a count that grows with each call (Peers.seen)."""
-        self.beats += 1
-        self._set(f"alive/{self.cfg.node_rank}", {"count": self.beats})
-
     def regroup(
         self, generation: int, within: float, left_out: list[int], joining: list[int] | None = None
     ) -> dict:
         """Enter ``generation`` without the hosts ``left_out``, with those ``joining``: say this
-        host is ready (its ranks are gone), keeping its keepalive going, until the store's host
-        names the hosts ready within ``within`` s, once all are or that time is up: returns
-        ``members@<g>`` (``nodes``, the new ``members``, and ``missing``)."""
+        host is ready (its ranks are gone) until the store's host names those ready within
+        ``within`` s (all, or those at that time): returns ``members@<g>`` {nodes, missing}."""
         self.generation, self.views = generation, {}
         expected = sorted({n for n in self.members if n not in left_out} | set(joining or []))
         mine, decided = self._scoped(f"ready/{self.cfg.node_rank}"), self._scoped("members")
@@ -163,7 +151,8 @@ class Membership:
         deadline = time.time() + within
 
         def decision() -> dict | None:
-            self._keepalive()
+            self.beats += 1  # the keepalive goes on (Peers.seen)
+            self._set(f"alive/{self.cfg.node_rank}", {"count": self.beats})
             if not self.leads:
                 return self._get(decided)
             ready = [n for n in expected if self._get(self._scoped(f"ready/{n}")) is not None]
@@ -183,36 +172,22 @@ class Membership:
         self.members = list(said["nodes"])  # type: ignore[index]
         return said  # type: ignore[return-value]
 
-    def reconnect(self) -> bool:
-        """Connect to the run's store again (this host was cut off or left out, or its agent
-        started again): the newest generation's of ``stores()``. False while none answers;
-        StoreGone when every one refuses (the run is over)."""
-        if not (found := self.stores()):
-            return False
-        self._drop()
-        self.leader = max(found, key=lambda n: (found[n], -n))
-        try:
-            self._guarded(self._open)
-        except StoreLost:
-            return False
-        return True
-
-    def _drop(self) -> None:
-        """Close this agent's store (when it serves one) and its connection."""
+    def _drop(self, leader: int) -> None:
+        """Close this agent's store (when it serves one) and its connection: ``leader``'s next."""
         for held in (self.server, self.store):
             if held is not None:
                 held.close()
         self.server = self.store = None
-        self._broken = ""
+        self._broken, self.leader = "", leader
 
     def ask_to_join(self) -> None:
         asked = {"host": self.cfg.host, "time": time.time(), "generation": self.generation}
         self._guarded(lambda: self._set(f"join/{self.cfg.node_rank}", asked))
 
     def joins(self) -> list[int]:
-        """Node rank 0: the hosts left out that asked to come back since they were last let in:
-        a request naming a generation not older than the host's last welcome, as this agent
-        wrote it or as the store has it (an older copy set over it does not count)."""
+        """Node rank 0: the hosts left out that asked to come back since last let in: naming a
+        generation not older than their last welcome as this agent wrote it or the store has
+        it (an older copy of a request set over it does not count)."""
         out = [n for n in range(len(self.cfg.hosts)) if n not in self.members]
 
         def asked(n: int) -> bool:

@@ -26,8 +26,7 @@ PROBE_S = 2.0  # how long a host looking for the run's store waits for one host'
 
 class Peers(Membership):
     def connect(self) -> None:
-        """Read the run's secret, then connect to the store (its host's agent serves it)."""
-        self.read_key()
+        """Connect to the store (its host's agent serves it), once ``read_key`` read the key."""
         self._open()
 
     def read_key(self) -> None:
@@ -46,8 +45,8 @@ class Peers(Membership):
 
     def ran_before(self) -> bool:
         """An earlier agent of this host was in the run (its container started again): the
-        store has its keepalive. The count goes on from that one (the others count it only when
-        it grows), and the next answer (``welcome/<n>``) must be newer than the last."""
+        store has its keepalive. Its count goes on (the others count only a growing one), and
+        the next answer (``welcome/<n>``) must be newer than the last."""
         keys = (f"alive/{self.cfg.node_rank}", f"welcome/{self.cfg.node_rank}")
         alive, welcome = self._guarded(lambda: [self._get(k) for k in keys])  # type: ignore[misc]
         if alive is None:
@@ -69,8 +68,7 @@ class Peers(Membership):
         mine, claimed = scoped(f"ranks/{node}"), scoped("failure")
         views = {n: scoped(f"ranks/{n}") for n in self.members}
         exits = [n for n in self.members if n not in self.exits]
-        self.beats += 1
-        beat = self.beats
+        beat = self.beats = self.beats + 1
 
         def calls() -> tuple:  # on the guard's thread: writes and reads, no state
             self._set(mine, record)
@@ -127,7 +125,7 @@ class Peers(Membership):
     def report_exit(self, record: dict) -> None:
         self._guarded(lambda: self._set(f"exit/{self.cfg.node_rank}", record))
 
-    # --- finding the run's store (membership.reconnect), the store's host lost (failover.py) --
+    # --- finding the run's store (reconnect), the store's host lost (failover.py) ---
     def stores(self) -> dict[int, int]:
         """The stores the other hosts serve (node rank 0's alone without ``--addresses``) that
         hold a sealed ``leader`` record naming their own host: {node: its generation}.
@@ -153,23 +151,36 @@ class Peers(Membership):
             return None
         try:
             with contextlib.closing(StoreClient(*address, wait)) as client:
-                raw = client.get("leader") if client.check(["leader"]) else None
+                raw = client.get("leader")
         except (OSError, RuntimeError):
             return None
-        return self._shaped("leader", raw) if raw else None
+        return self._shaped("leader", raw)
+
+    def reconnect(self) -> bool:
+        """Connect to the run's store again (this host was cut off or left out, or its agent
+        started again): the newest generation's of ``stores()``. False while none answers;
+        StoreGone when every one refuses (the run is over)."""
+        if not (found := self.stores()):
+            return False
+        self._drop(max(found, key=lambda n: (found[n], -n)))
+        try:
+            self._guarded(self._open)
+        except StoreLost:
+            return False
+        return True
 
     def take_over(self, generation: int) -> None:
         """Serve the run's store from this host, from ``generation`` on."""
-        self._drop()
-        self.leader, self.generation = self.cfg.node_rank, generation
+        self._drop(self.cfg.node_rank)
+        self.generation = generation
         self._guarded(self._open)
 
     def follow(self, node: int, within: float, lost: int) -> None:
         """Connect to the store ``node``'s agent took over, waiting up to ``within`` s (it may
         still be ending its ranks); StoreLost when none comes, or once ``lost``'s agent is found
         serving still: this host was the one cut off (it looks for the run as one left out)."""
-        self._drop()
-        self.leader, deadline = node, time.monotonic() + within
+        self._drop(node)
+        deadline = time.monotonic() + within
         while not isinstance(self._probe(node), dict):
             if time.monotonic() > deadline:
                 raise StoreLost(f"no store at {self.address(node)} within {within:g}s")
@@ -178,13 +189,9 @@ class Peers(Membership):
                 why = f"{self.cfg.hosts[lost]} serves the run's store: this host was cut off"
                 raise StoreLost(why)
             time.sleep(PROBE_S / 4)
-        try:
-            self.store = StoreClient(self.address(node), self.cfg.store_port, within)
-        except OSError as exc:
-            raise StoreLost(str(exc)) from None
+        self._open(within)
 
     def step_down(self) -> None:
         """Stop serving the store: this host was cut off from every other, which go on under
         another's; it looks for the run's store as any host left out does (``reconnect``)."""
-        self._drop()
-        self.leader = -1
+        self._drop(-1)

@@ -1,43 +1,37 @@
 """The run's key-value store, which the hosts' agents share (peers.py): node rank 0's agent
-serves it on ``--store``, every agent (its own too) is a client. Standard library only: it
-replaced torch's c10d TCPStore, whose import cost an agent ~2.2 CPU-s and ~630 MB before it
-could start its command, and made a user's image need torch for the agent alone. Its five calls
-keep c10d's meaning, but ``get`` answers None for a missing key (the agents ``check`` first).
-
-A request and its answer are each one frame (frames.py) of a JSON object, values base64-coded.
-A frame the server cannot read closes the connection; a request it cannot apply is answered
+serves it on ``--store``, every agent (its own too) is a client. Standard library only: torch's
+c10d TCPStore, which it replaced, cost an agent ~2.2 CPU-s and ~630 MB to import, and a user's
+image torch for the agent alone. Its five calls keep c10d's meaning, but ``get`` answers None
+for a missing key. A request and its answer are each one frame (wire.py), values base64-coded;
+a frame the server cannot read closes the connection, a request it cannot apply is answered
 with ``error`` (``StoreError``). Any client on the cluster network may connect, within bounds:
-``MAX_CONNECTIONS`` at once, frames.py's on each frame, and ``MAX_BYTES`` of memory in keys and
-values, counted as Python holds them (``cost``): replacing a value with one no larger always
-succeeds, so a full store never refuses an agent's rewrite of its own key. Node rank 0's agent
-serves it with wire.admits: the agents' keys only, with values sealed for this launch.
+``MAX_CONNECTIONS`` at once, wire.py's on each frame, ``MAX_BYTES`` of keys and values as Python
+holds them (``cost``; a value replaced by one no larger always fits, so a full store never
+refuses an agent's rewrite of its own key), and wire.admits: the agents' sealed keys only.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import functools
 import socket
 import socketserver
 import sys
 import threading
 import time
-from collections.abc import Callable
 
-from ddpfleet_agent.frames import Budget, Hangup, receive, recv_frame, send_frame
+from ddpfleet_agent import wire
+from ddpfleet_agent.wire import Admits, Hangup, receive, recv_frame, send_frame
 
 CONNECT_RETRY_S = 0.2  # between attempts while the server is not up yet (or not reachable)
 # One connection per agent (a reconnect closes the old one first): 256 serves runs of 200 hosts
-# and more, with room for the probes of hosts left out (membership.reconnect); each is a thread.
+# and more, with room for the probes of hosts left out (peers.reconnect); each is a thread.
 MAX_CONNECTIONS = 256
 
 MAX_BYTES = 64 << 20  # memory the keys and values take in all
 # A dictionary's own memory per entry beyond key and value: 8 bytes of index and 24 of entry in
 # tables up to ~2x the entries (38 an entry measured, CPython 3.11), and pymalloc's rounding.
 ENTRY = 96
-# why the server refuses a request (op, key, value: None but for set and compare_set), '' if not
-Admits = Callable[[str, str, bytes | None], str]
 
 
 class StoreError(RuntimeError):
@@ -51,7 +45,7 @@ def encode(value: bytes | str | None) -> str | None:
 
 
 def decode(text: object) -> bytes:
-    """``text`` as JSON gave it: TypeError when not a string (JSON gives no bytes)."""
+    """``text`` as JSON gave it (StoreError unless a base64 string: JSON gives no bytes)."""
     try:
         return base64.b64decode(text, validate=True)  # type: ignore[arg-type]
     except (ValueError, TypeError):  # binascii.Error is a ValueError, as is non-ASCII text
@@ -63,46 +57,62 @@ def cost(key: str, value: bytes) -> int:
     return sys.getsizeof(key) + sys.getsizeof(value) + ENTRY
 
 
-class _Handler(socketserver.BaseRequestHandler):
-    server: _Server
-
-    def handle(self) -> None:
-        with contextlib.suppress(OSError):  # timeouts too: the client goes
-            while True:
-                req = receive(self.request, self.server.budget)
-                try:
-                    answer = self.server.apply(req)
-                except StoreError as exc:
-                    answer = {"error": str(exc)}
-                send_frame(self.request, answer)
-
-    def finish(self) -> None:
-        with self.server.lock:
-            self.server.connections.discard(self.request)
+def server_class(base: type[socketserver.TCPServer], host: str, port: int) -> type:
+    """``base`` bound to the address family of ``host``: socketserver's are IPv4 unless told."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    return type(base.__name__, (base,), {"address_family": family})
 
 
-class _Server(socketserver.ThreadingTCPServer):
+class StoreServer(socketserver.ThreadingTCPServer):
+    """Serve the store on ``host:port`` (the address family of ``host``: IPv6 too) from a
+    daemon thread of this process; OSError when the address cannot be bound."""
+
     allow_reuse_address = True  # node rank 0's agent started again on the port it had
     daemon_threads = True  # a client's thread does not keep the agent from exiting
     request_queue_size = 64  # connections waiting to be accepted (5 unless told): a burst of
     # a stray client's does not leave an agent's reconnect waiting on TCP's SYN retries
-    admits: Admits | None  # why the server refuses a request
-    budget: Budget
-    lock: threading.Lock  # over the connections and the keys and values
-    connections: set[socket.socket]
-    values: dict[str, bytes]
-    size: int  # their cost in all
 
-    def process_request(self, request: socket.socket, client_address: tuple) -> None:
-        """A thread for the connection, or closed at once when MAX_CONNECTIONS are open."""
+    def __init__(self, host: str, port: int, admits: Admits | None = None):
+        self.address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        super().__init__((host, port), None)  # no handler class: finish_request serves
+        self.admits = admits  # why the server refuses a request
+        self.lock = threading.Lock()  # over the connections, the keys and values, the budget
+        self.connections: set[socket.socket] = set()
+        self.values: dict[str, bytes] = {}
+        self.size = 0  # their cost in all
+        self.held = 0  # bytes of large frames being received, all connections together
+        self.port = self.server_address[1]
+        threading.Thread(target=self.serve_forever, args=(0.1,), daemon=True, name="store").start()
+
+    def hold(self, size: int) -> None:
+        """``size`` bytes more held (negative: given back); ConnectionError past MAX_PENDING."""
         with self.lock:
-            full = len(self.connections) >= MAX_CONNECTIONS
-            if not full:
-                self.connections.add(request)
-        if full:
-            self.shutdown_request(request)
-        else:
-            super().process_request(request, client_address)
+            if size > 0 and self.held + size > wire.MAX_PENDING:
+                raise ConnectionError("too many bytes of frames being received")
+            self.held += size
+
+    def verify_request(self, request: socket.socket, client_address: tuple) -> bool:
+        """A connection gets a thread, or is closed at once when MAX_CONNECTIONS are open."""
+        with self.lock:
+            if len(self.connections) >= MAX_CONNECTIONS:
+                return False
+            self.connections.add(request)
+            return True
+
+    def finish_request(self, request: socket.socket, client_address: tuple) -> None:
+        """Answer the client's requests on its own thread until it goes (timeouts too)."""
+        try:
+            with contextlib.suppress(OSError):
+                while True:
+                    req = receive(request, self.hold)
+                    try:
+                        answer = self.apply(req)
+                    except StoreError as exc:
+                        answer = {"error": str(exc)}
+                    send_frame(request, answer)
+        finally:
+            with self.lock:
+                self.connections.discard(request)
 
     def apply(self, req: dict) -> dict:
         op = req.get("op")
@@ -139,32 +149,12 @@ class _Server(socketserver.ThreadingTCPServer):
             self.values[key], self.size = value, self.size + grown
             return {} if op == "set" else {"value": encode(value)}
 
-
-def server_class(base: type[socketserver.TCPServer], host: str, port: int) -> type:
-    """``base`` bound to the address family of ``host`` (IPv4 or IPv6): socketserver's
-    servers are IPv4 unless told, where a cluster address may be IPv6."""
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    return type(base.__name__, (base,), {"address_family": family})
-
-
-class StoreServer:
-    """Serve the store on ``host:port`` (the address family of ``host``: IPv6 too) from a
-    daemon thread of this process; OSError when the address cannot be bound."""
-
-    def __init__(self, host: str, port: int, admits: Admits | None = None):
-        server = self._server = server_class(_Server, host, port)((host, port), _Handler)
-        server.admits, server.budget, server.lock = admits, Budget(), threading.Lock()
-        server.connections, server.values, server.size = set(), {}, 0
-        self.port = server.server_address[1]
-        serve = functools.partial(server.serve_forever, poll_interval=0.1)
-        threading.Thread(target=serve, daemon=True, name="store").start()
-
     def close(self) -> None:
         """Stop serving: the listening socket and every client's connection close."""
-        self._server.shutdown()
-        self._server.server_close()
-        with self._server.lock:
-            for conn in self._server.connections:
+        self.shutdown()
+        self.server_close()
+        with self.lock:
+            for conn in self.connections:
                 with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
 
@@ -173,7 +163,7 @@ class StoreClient:
     """One connection to the store, from threads in turn. Connecting retries for ``timeout`` s
     (the server may not be up yet), then raises ConnectionError; a call waits ``timeout`` s
     for its answer, raises OSError when the connection fails and StoreError when refused. A
-    connection the server closed unread (idle for frames.IDLE_S) is opened again once."""
+    connection the server closed unread (idle for wire.IDLE_S) is opened again once."""
 
     def __init__(self, host: str, port: int, timeout: float):
         self._where, self._timeout, self._closed = (host, port), timeout, False

@@ -1,14 +1,15 @@
-"""What the agents put in their store (peers.py reads and writes it): the shape each key must
-have to be acted on, and the seal that proves an agent of this launch wrote it.
+"""What travels between the agents and their store (store.py): frames, and the values the
+agents put in it (peers.py), sealed, of the shapes they must have to be acted on.
 
-A value is ``{"mac": <hex>, "v": <the JSON value>}``: HMAC-SHA256 over the key's name, a newline
-and the value's sorted JSON, under the run's secret bound to the launch (``launch_key``), so an
-earlier launch's value, or another generation's (``@<g>`` in the name), does not pass. Size,
-layout and MAC are checked before the JSON is parsed; what fails, for any reason, is None.
-
-The store's server (node rank 0's agent) takes only this (``admits``): keys of ``KEY`` (derived
-from ``SHAPES``), deletes of the keys agents delete (none they wait for), sealed values: a client
-without the secret can neither fill the store, nor plant a value, nor take one away.
+A request and its answer are each one frame, a 4-byte big-endian length and a JSON object. What
+the server reads from a client is bounded in time and memory; what a client reads comes from the
+run's own store. A value is ``{"mac": <hex>, "v": <the JSON value>}``: HMAC-SHA256 over the
+key's name, a newline and the value's sorted JSON, under the run's secret bound to the launch
+(``launch_key``), so an earlier launch's value, or another generation's (``@<g>`` in the name),
+does not pass. Size, layout and MAC are checked before the JSON is parsed; what fails is None.
+The store's server takes only this (``admits``): keys of ``KEY`` (from ``SHAPES``), deletes of
+the keys agents delete (none they wait for), sealed values: a client without the secret can
+neither fill the store, nor plant a value, nor take one away.
 """
 
 from __future__ import annotations
@@ -17,21 +18,101 @@ import hashlib
 import hmac
 import json
 import re
+import socket
+import time
 from collections.abc import Callable
 
 from ddpfleet_agent.ranks import COUNTS, NUMBERS, number
+
+MAX_FRAME = 4 << 20  # bytes of one request or answer (compare_set: two values of 1 MiB, base64)
+# What a client holds of the serving agent. A connection silent for IDLE_S is closed: agents
+# call every tick (0.5 s), and after a longer pause open a new one (store.StoreClient). A frame
+# is received within FRAME_S of its first byte: an agent's is one sendall of ~100 KB at most.
+# Frames up to SMALL are read freely (x store.MAX_CONNECTIONS = 32 MiB); the bytes of larger
+# ones past SMALL, all connections together, stay within MAX_PENDING (the connection that would
+# pass it is closed), held as they arrive: an agent's own frames never wait on that budget.
+IDLE_S = 30.0
+FRAME_S = 10.0
+SMALL = 128 << 10
+MAX_PENDING = 32 << 20
+CHUNK = 64 << 10  # bytes read at a time
+
+
+class Hangup(ConnectionError):
+    """The store's side closed the connection before any of its answer."""
+
+
+def send_frame(sock: socket.socket, message: dict) -> None:
+    data = json.dumps(message, separators=(",", ":")).encode()
+    sock.sendall(len(data).to_bytes(4, "big") + data)
+
+
+def _exactly(sock: socket.socket, size: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < size:
+        chunk = sock.recv(size - len(buf))
+        if not chunk:
+            raise ConnectionError("the store's connection closed") if buf else Hangup()
+        buf += chunk
+    return bytes(buf)
+
+
+def _message(data: bytes) -> dict:
+    try:
+        message = json.loads(data)
+    except Exception:  # bad JSON, bad UTF-8, too deep: not a frame, whatever it raised
+        raise ConnectionError("a frame that is not JSON") from None
+    if not isinstance(message, dict):
+        raise ConnectionError("a frame that is not a JSON object")
+    return message
+
+
+def recv_frame(sock: socket.socket) -> dict:
+    """An answer from the store (Hangup: the connection closed before it began)."""
+    size = int.from_bytes(_exactly(sock, 4), "big")
+    if size > MAX_FRAME:
+        raise ConnectionError(f"a frame of {size} bytes (at most {MAX_FRAME})")
+    return _message(_exactly(sock, size))
+
+
+def receive(sock: socket.socket, hold: Callable[[int], None]) -> dict:
+    """A client's request: its first byte within IDLE_S, the rest as it arrives within FRAME_S
+    of that (no buffer sized by the announced length). ConnectionError or TimeoutError else."""
+    sock.settimeout(IDLE_S)
+    deadline, buf, size, taken = 0.0, bytearray(), 4, 0
+    try:
+        while len(buf) < size:
+            if buf:
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            chunk = sock.recv(min(size - len(buf), CHUNK))
+            if not chunk:
+                raise ConnectionError("the client closed its connection")
+            deadline = deadline or time.monotonic() + FRAME_S
+            if (over := len(buf) + len(chunk) - 4 - SMALL - taken) > 0:
+                hold(over)
+                taken += over
+            buf += chunk
+            if size == 4 and len(buf) == 4:
+                size += int.from_bytes(buf, "big")
+                if size > MAX_FRAME + 4:
+                    raise ConnectionError(f"a frame of {size - 4} bytes (at most {MAX_FRAME})")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"a frame not received within {FRAME_S:g}s")
+        return _message(bytes(buf[4:]))
+    finally:
+        hold(-taken)
+
 
 # What each key must hold to be acted on, as the agents write it: a value of another shape is
 # ignored, and named once in the host's log, instead of raising in the supervision loop.
 RANK_NUMBERS = (*COUNTS, *NUMBERS, "live_age", "progress_age")  # ranks.rank_views
 
 
-def _int(value: object) -> bool:
-    return type(value) is int  # not a bool
+def _is(kind: type) -> Callable[[object], bool]:
+    return lambda value: type(value) is kind  # an int is not a bool (JSON makes no subclasses)
 
 
-def _str(value: object) -> bool:
-    return isinstance(value, str)
+_int, _str = _is(int), _is(str)
 
 
 def _none_or(check: Callable[[object], bool]) -> Callable[[object], bool]:
@@ -66,7 +147,7 @@ SHAPES: dict[str, Callable[[dict], bool]] = {
         host=_str, reason=_str, rank=_none_or(_int), rebalance=_weights, speeds=_weights
     ),
     "stop": _fields(by=_str),
-    "dumped": _fields(host=_str, ranks=lambda value: isinstance(value, list)),
+    "dumped": _fields(host=_str, ranks=_is(list)),
     "ready": _fields(host=_str),
     "join": _fields(host=_str, generation=_int),
     "welcome": _fields(generation=_int, nodes=_list_of(_int), weights=_weights),
@@ -123,9 +204,12 @@ def unseal(key: bytes, name: str, raw: bytes | str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def admits(key: bytes) -> Callable[[str, str, bytes | None], str]:
-    """The store server's check (store.Admits): why it refuses ``op`` on key ``name`` with
-    value ``raw`` (None: none), '' when it takes it."""
+# why the store refuses a request (op, key, value: None but for set and compare_set), '' if not
+Admits = Callable[[str, str, bytes | None], str]
+
+
+def admits(key: bytes) -> Admits:
+    """The store server's check: the agents' keys, deletes and sealed values only."""
 
     def check(op: str, name: str, raw: bytes | None) -> str:
         if not KEY.fullmatch(name):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpfleet_agent import frames, store
+from ddpfleet_agent import store, wire
 from ddpfleet_agent.store import StoreClient, StoreError, StoreServer
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -183,7 +183,7 @@ def test_a_stray_client_s_bad_frames_close_its_connection_and_others_go_on(serve
     server, client = served
     c = client()
     c.set("k", "v")
-    too_big = (frames.MAX_FRAME + 1).to_bytes(4, "big")
+    too_big = (wire.MAX_FRAME + 1).to_bytes(4, "big")
     assert raw_frame(server.port, too_big + b"x" * 100) == b""
     assert raw_frame(server.port, (4).to_bytes(4, "big") + b"nope") == b""
     assert raw_frame(server.port, (2).to_bytes(4, "big") + b"[]") == b""

@@ -1,5 +1,5 @@
 """What a client on the network can hold of the store's host (ddpfleet_agent/store.py,
-frames.py), over real sockets: connections beyond the cap closed at once, an idle one closed
+wire.py), over real sockets: connections beyond the cap closed at once, an idle one closed
 (and a client of the store's own connecting again without a word), a half-sent frame dropped
 at its deadline, the bytes of frames being received bounded, a frame too deep to parse."""
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ddpfleet_agent import frames, store
+from ddpfleet_agent import store, wire
 from ddpfleet_agent.store import StoreClient, StoreServer
 
 
@@ -57,7 +57,7 @@ def test_connections_beyond_the_cap_are_closed_at_once(server, monkeypatch) -> N
 def test_an_idle_connection_is_closed_and_a_client_connects_again_for_its_next_call(
     server, monkeypatch
 ) -> None:
-    monkeypatch.setattr(frames, "IDLE_S", 0.5)
+    monkeypatch.setattr(wire, "IDLE_S", 0.5)
     idle = _raw(server.port)
     started = time.monotonic()
     assert _closed_within(idle, 5)
@@ -72,7 +72,7 @@ def test_an_idle_connection_is_closed_and_a_client_connects_again_for_its_next_c
 
 
 def test_a_half_sent_frame_is_dropped_at_its_deadline(server, monkeypatch) -> None:
-    monkeypatch.setattr(frames, "FRAME_S", 0.5)
+    monkeypatch.setattr(wire, "FRAME_S", 0.5)
     slow = _raw(server.port)
     slow.sendall(_frame(b'{"op": "get", ', size=40))  # and nothing more
     started = time.monotonic()
@@ -91,20 +91,20 @@ def test_the_bytes_of_frames_being_received_are_bounded(server, monkeypatch) -> 
     """Two clients each announce a frame of MAX_FRAME and send part of it: the bytes past
     SMALL count against MAX_PENDING, held as they arrive (not the announced size); the one that
     would pass it is closed, the budget is given back, and small frames are served meanwhile."""
-    monkeypatch.setattr(frames, "SMALL", 1000)
-    monkeypatch.setattr(frames, "MAX_PENDING", 5000)
+    monkeypatch.setattr(wire, "SMALL", 1000)
+    monkeypatch.setattr(wire, "MAX_PENDING", 5000)
     client = StoreClient("127.0.0.1", server.port, 5)
     first, second = _raw(server.port), _raw(server.port)
-    first.sendall(_frame(b"[" + b" " * 4000, size=frames.MAX_FRAME))
+    first.sendall(_frame(b"[" + b" " * 4000, size=wire.MAX_FRAME))
     time.sleep(0.3)
-    assert server._server.budget.held == 3001
+    assert server.held == 3001
     client.set("k", "v")  # a small frame takes none of it
-    second.sendall(_frame(b"[" + b" " * 4000, size=frames.MAX_FRAME))
+    second.sendall(_frame(b"[" + b" " * 4000, size=wire.MAX_FRAME))
     assert _closed_within(second, 3)
     assert not _closed_within(first, 0.3)
     first.close()
     time.sleep(0.3)
-    assert server._server.budget.held == 0
+    assert server.held == 0
     assert client.get("k") == b"v"
 
 
