@@ -71,8 +71,11 @@ def container_params(
         "env": {str(k): str(v) for k, v in env.items()},
         "entrypoint": list(entrypoint),
         "command": [str(word) for word in command],
-        **({"ipc_mode": "host"} if ipc_host else {"shm_size": f"{int(shm_size_mb)}M"}),
     }
+    if ipc_host:
+        params["ipc_mode"] = "host"
+    else:
+        params["shm_size"] = f"{int(shm_size_mb)}M"
     if float(cpus) > 0:
         params["cpus"] = float(cpus)
     if int(gpus) > 0:
