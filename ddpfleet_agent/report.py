@@ -121,8 +121,7 @@ def program_lines(summary: dict, tail: int = 5) -> list[str]:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """The rows of metrics.jsonl with a numeric step (torn or foreign lines skipped); [] when
-    it is missing or not a regular file (never a link)."""
+    """metrics.jsonl's rows with a numeric step (torn lines skipped); [] unless a regular file."""
     rows = []
     for line in (regular(None, path, METRICS_MAX) or b"").decode("utf-8", "replace").splitlines():
         with contextlib.suppress(ValueError):
@@ -175,8 +174,7 @@ def _span(values: list[float]) -> tuple[float, float]:
 
 
 def render_png(run_id: str, rows: list[dict], marks: Sequence[tuple[float, str]] = ()) -> bytes:
-    """The plot, a red line at each of ``marks`` (step, label: the restarts) in it. Raises
-    ImportError without Pillow."""
+    """The plot, a red line at each of ``marks`` (step, label); ImportError without Pillow."""
     from PIL import Image, ImageDraw, ImageFont  # noqa: PLC0415 - only the plot needs it
 
     try:
