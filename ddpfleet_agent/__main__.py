@@ -11,8 +11,8 @@ from ddpfleet_agent.supervise import Agent
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the agent; returns its exit code (0 completed, 143 stopped, else failed). ``dump``
-    and ``index`` first: a forensics bundle of a live run instead (ddpfleet_agent.dump)."""
+    """Run the agent: its exit code (0 completed, 143 stopped, else failed); ``dump`` and
+    ``index`` first: a forensics bundle of a live run instead (ddpfleet_agent.dump)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["dump"], ["index"]):
         return dump.main(argv)

@@ -115,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--dump-timeout",
-        type=float,
+        type=_declared_type("float", 0, 60),
         default=5.0,
         help="seconds to dump the ranks' stacks into forensics/<attempt>/ before a failed "
         "run's ranks are killed (0: no dump)",
@@ -163,8 +163,6 @@ def parse_args(argv: list[str]) -> AgentConfig:
         raise BadAgentInput(f"invalid --run-id {ns.run_id!r}")
     ns.store_host, ns.store_port = _address("--store", ns.store)
     ns.metrics_host, ns.metrics_port = _address("--metrics", ns.metrics) if ns.metrics else ("", 0)
-    if not (math.isfinite(ns.dump_timeout) and 0 <= ns.dump_timeout <= 60):
-        raise BadAgentInput("--dump-timeout must be from 0 to 60")
     if not 0 <= ns.min_hosts <= len(hosts):
         raise BadAgentInput(f"--min-hosts must be from 0 to the {len(hosts)} hosts of --hosts")
     if ns.rebalance not in ("auto", "off"):

@@ -139,6 +139,5 @@ def docker_run_argv(params: dict, job_id: str) -> list[str]:
 
 
 def docker_env(params: dict) -> dict[str, str]:
-    """The docker CLI's environment: this process's, with the container's values (``--env
-    NAME`` takes each from it)."""
+    """The docker CLI's environment: this process's and the container's (``--env NAME``)."""
     return {**os.environ, **{k: str(v) for k, v in params.get("env", {}).items()}}

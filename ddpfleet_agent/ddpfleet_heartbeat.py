@@ -91,11 +91,9 @@ class Beat:
     def start(self, directory: str | os.PathLike[str] | None = None) -> Beat:
         """Write the first record and start the thread, in ``directory`` if given (created if
         missing), else the constructor's. Does nothing when started, or with neither."""
-        if self._thread is not None:
-            return self
-        if directory is not None:
+        if self._thread is None and directory is not None:
             self.path = os.path.join(directory, f"rank-{self._rec['rank']}.json")
-        if self.path is not None:
+        if self._thread is None and self.path is not None:
             with contextlib.suppress(OSError):  # the first write reports it
                 os.makedirs(os.path.dirname(self.path), exist_ok=True)
             self._write()
@@ -107,12 +105,11 @@ class Beat:
 
     def stop(self) -> None:
         """Write phase "done" and stop the thread."""
-        if self._thread is None:
-            return
-        self._done.set()
-        self._thread.join()
-        self._update(phase="done")
-        self._write()
+        if self._thread is not None:
+            self._done.set()
+            self._thread.join()
+            self._update(phase="done")
+            self._write()
 
 
 def start(total_steps: int = 0, rank: int | None = None, period: float = 1.0) -> Beat:

@@ -1,12 +1,11 @@
-"""The agent's Prometheus endpoint (``--metrics ADDR:PORT``, the host's cluster address, served
-in a daemon thread): this host's ranks as the agent last read their heartbeats, a tick old at
-most (a rank that stops beating shows a growing heartbeat age, a host that is gone a target
-that is down: never a stale value), and its GPUs through NVML where there are any. The run's
-identity is one info metric, joinable on the target's labels.
+"""The agent's Prometheus endpoint (``--metrics ADDR:PORT``, served in a daemon thread): this
+host's ranks as the agent last read their heartbeats, a tick old at most (a rank that stops
+beating shows a growing heartbeat age, a host that is gone a target that is down: never a stale
+value), its GPUs through NVML where there are any, and the run's identity as one info metric.
 
 It answers only a scrape of its own run (``?run_id=<id>``, announce.yml): a target an earlier
 run on this host and port left behind, which Prometheus scrapes for ~10 s more (its reloads are
-throttled to 5 s), gets 404 and shows as down, instead of this run's metrics under its id.
+throttled), gets 404 instead of this run's metrics under its id.
 """
 
 from __future__ import annotations
@@ -90,8 +89,7 @@ def rank_metrics(beats: dict[int, dict], now: float) -> Iterator[Metric]:
 
 
 class Gpus:
-    """This host's GPUs through NVML (nvidia-ml-py; verified only on GPU hosts); nothing where
-    NVML does not load."""
+    """This host's GPUs through NVML (nvidia-ml-py); nothing where NVML does not load."""
 
     def __init__(self) -> None:
         self.nvml: Any = None
@@ -144,8 +142,8 @@ class _Quiet(WSGIRequestHandler):
 
 
 def serve(cfg: AgentConfig, read: Reading) -> str:
-    """Start the endpoint of ``cfg.metrics`` in a daemon thread, each scrape reading the agent
-    as ``read()`` finds it; '' when serving, else why not (one line: the run goes on without it)."""
+    """Start the endpoint, each scrape reading the agent as ``read()`` finds it; '' when serving,
+    else why not (one line: the run goes on without it)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunCollector(cfg, read))
     metrics = make_wsgi_app(registry)

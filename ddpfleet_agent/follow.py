@@ -18,9 +18,8 @@ from ddpfleet_agent.report import restarts, shown
 
 MARK = "@@ddpfleet-file@@"
 TEXT = ("report.txt",)  # records that are not JSON: parse keeps them as {"text": ...}
+RECORDS = ("links", "checkpoints", "present")  # reader.py's lists of names, each {name: [...]}
 READER = (Path(__file__).resolve().parent / "reader.py").read_text()
-
-
 # A read that answers takes well under a second; one that takes this long (beyond the wait it was
 # asked for) has met a shared storage that is gone (a hard NFS mount blocks): timeout(1) ends it
 # with exit code 124. status.yml then reads on the other trainers (state.yml).
@@ -35,8 +34,7 @@ def read_command(run_dir: str, uid: int, gid: int, wait: float = 0.0) -> str:
 
 def read_error(res: dict) -> str:
     """Why a read_command failed: the reader's one line (in stdout where become gives a tty),
-    or timeout(1)'s end of a read that hung (a waiting read's reads are a tick apart, so the
-    one that hung went unanswered for READ_TIMEOUT s at least)."""
+    or timeout(1)'s end of a read that hung (a waiting read's reads are a tick apart)."""
     if res.get("rc") in (124, 137):
         return f"no answer within {READ_TIMEOUT} s: is the shared storage gone?"
     said = (res.get("stderr") or res.get("stdout") or "").strip().splitlines()
@@ -77,24 +75,24 @@ def snapshot(files: dict, run_id: str, hosts: list[str], attempt: str) -> dict:
     """The records of one attempt (config.json's when attempt is empty), its progress line and
     outcome (progress.json's status once the run ended, else None). report and plot name no
     attempt: they are the last completed attempt's, after which none starts."""
-    config, summary = files.get("config.json", {}), files.get("summary.json", {})
+    config = files.get("config.json", {})
     attempt = attempt or str(config.get("attempt", ""))
     exits = {h: files.get(f"nodes/{h}.exit") or {} for h in hosts}
-    exits = {h: e for h, e in exits.items() if e and e.get("attempt", "") == attempt}
     progress = files.get("progress.json", {})
     progress = progress if progress.get("attempt", "") == attempt else {}
+    found = {name: list(files.get(name, {}).get(name) or []) for name in RECORDS}
     return {
         "attempt": attempt,
         "config": config,
-        "summary": summary,
-        "exits": exits,
+        "summary": files.get("summary.json", {}),
+        "exits": {h: e for h, e in exits.items() if e and e.get("attempt", "") == attempt},
         "outcome": progress.get("status") if progress.get("status") in ENDED else None,
         "progress": progress,
         "line": progress_line(run_id, progress, hosts) if progress else "",
-        "links": list(files.get("links", {}).get("links") or []),
-        "checkpoints": list(files.get("checkpoints", {}).get("checkpoints") or []),
+        "links": found["links"],
+        "checkpoints": found["checkpoints"],
         "report": files.get("report.txt", {}).get("text"),
-        "plot": "report.png" in (files.get("present", {}).get("present") or []),
+        "plot": "report.png" in found["present"],
     }
 
 

@@ -2,7 +2,9 @@
 
 ``collect`` dumps every rank's stacks with py-spy, each rank on its own thread with ``timeout``
 s (a rank not dumped in time is recorded as such), with each rank's open file descriptors and
-the host's state (hoststate.py). The bundle, in ``runs/<run_id>/forensics/<attempt>/``:
+the host's state: load, memory, the container's cgroup (CPU throttling, memory), whether the
+shared storage answers, nvidia-smi. Each read is bounded: a blocked NFS mount or a hung
+nvidia-smi costs the bound, no more. The bundle, in ``runs/<run_id>/forensics/<attempt>/``:
 ``rank-<N>.txt`` (plain text stacks), ``rank-<N>.json`` (the same for a program) and
 ``index.json`` (every rank's location, each host's state and the diagnosis, stacks.py).
 """
@@ -19,13 +21,13 @@ import sys
 import time
 from pathlib import Path
 
-from ddpfleet_agent.files import write_json_atomic
-from ddpfleet_agent.hoststate import host_state, nvidia_smi
+from ddpfleet_agent.files import call_within, write_json_atomic
 from ddpfleet_agent.ranks import parents
 from ddpfleet_agent.stacks import diagnose, where
 
 DUMP_TIMEOUT = 5.0  # seconds one rank's dump may take; the teardown waits no longer
 NATIVE_NAME = 100  # a native frame's (C++) name is cut to this many characters in the text
+THROTTLING = ("nr_periods", "nr_throttled", "throttled_usec", "throttled_time")  # of cpu.stat
 
 
 def py_spy() -> str | None:
@@ -33,22 +35,23 @@ def py_spy() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
-def _proc(pid: int, name: str) -> bytes:
+def _read(path: str | Path) -> str:
+    """A file's text; "" when it cannot be read (a process gone, a host without the file)."""
     with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/{name}").read_bytes()
-    return b""
+        return Path(path).read_bytes().decode(errors="replace")
+    return ""
 
 
 def proc_state(pid: int) -> str:
     """The process state letter (R, S, D, T, Z, ...), "" when it is gone."""
-    stat = _proc(pid, "stat").decode(errors="replace")
+    stat = _read(f"/proc/{pid}/stat")
     return stat.rsplit(")", 1)[1].split()[0] if ")" in stat else ""
 
 
 def rank_of(pid: int) -> int | None:
     """The global rank torchrun gave the process (its RANK), None for another process."""
-    for item in _proc(pid, "environ").split(b"\0"):
-        if item.startswith(b"RANK=") and item[5:].isdigit():
+    for item in _read(f"/proc/{pid}/environ").split("\0"):
+        if item.startswith("RANK=") and item[5:].isascii() and item[5:].isdigit():
             return int(item[5:])
     return None
 
@@ -103,6 +106,61 @@ def _rank(pid: int, timeout: float) -> dict:
     if threads is not None:
         rec["where"] = where(threads, state)
     return rec
+
+
+def _stat_within(path: str, timeout: float) -> dict:
+    """Whether a stat of path answers within timeout s (an NFS server gone blocks it)."""
+    started = time.monotonic()
+
+    def call() -> str | None:
+        try:
+            os.stat(path)
+        except OSError as exc:
+            return exc.strerror
+        return None
+
+    box = call_within(call, timeout)
+    return {"path": path, "answered": bool(box), "error": box[0] if box else None,
+            "seconds": round(time.monotonic() - started, 3)}  # fmt: skip
+
+
+def _key_values(text: str) -> dict[str, int]:
+    out = {}
+    for line in text.splitlines():
+        parts = line.replace(":", " ").split()
+        if len(parts) >= 2 and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def host_state(storage: str, timeout: float) -> dict:
+    """Load, memory, the container's CPU throttling and memory, and the shared storage."""
+    cgroup = Path("/sys/fs/cgroup")
+    cpu = _key_values(_read(cgroup / "cpu.stat") or _read(cgroup / "cpu" / "cpu.stat"))
+    mem = _key_values(_read("/proc/meminfo"))
+    state = {
+        "loadavg": _read("/proc/loadavg").split()[:3],
+        "mem_total_kb": mem.get("MemTotal"),
+        "mem_available_kb": mem.get("MemAvailable"),
+        "cpu_throttling": {k: cpu[k] for k in THROTTLING if k in cpu},
+        "container_memory_bytes": _read(cgroup / "memory.current").strip() or None,
+        "container_memory_max": _read(cgroup / "memory.max").strip() or None,
+    }
+    if storage:
+        state["storage"] = _stat_within(storage, min(timeout, 2.0))
+    return state
+
+
+def nvidia_smi(timeout: float) -> str | None:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        proc = subprocess.run([exe, "-q"], capture_output=True, text=True, timeout=timeout,
+                              check=False)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return f"nvidia-smi -q did not finish within {timeout:g} s"
+    return proc.stdout or proc.stderr
 
 
 def collect(pids: list[int], host: str, storage: str = "", timeout: float = DUMP_TIMEOUT) -> dict:

@@ -92,9 +92,10 @@ def number(value: object) -> float | None:
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _count(value: object) -> int:
+def finite(value: object) -> float | None:
+    """value as a float if it is a finite number (not a bool), else None."""
     n = number(value)
-    return int(n) if n is not None and math.isfinite(n) else 0
+    return float(n) if n is not None and math.isfinite(n) else None
 
 
 # A rank's view of its heartbeat besides rank and phase: counts (0 unless a finite number) and
@@ -117,7 +118,7 @@ def rank_views(beats: dict[int, dict], now: float) -> list[dict]:
                 "phase": str(rec.get("phase") or "start"),
                 "live_age": None if live is None else round(now - live, 2),
                 "progress_age": None if prog is None else round(now - prog, 2),
-                **{key: _count(rec.get(key)) for key in COUNTS},
+                **{key: int(finite(rec.get(key)) or 0) for key in COUNTS},
                 **{key: number(rec.get(key)) for key in NUMBERS},
             }
         )

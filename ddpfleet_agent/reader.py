@@ -73,14 +73,6 @@ def wait_for_end(top, wait):
         time.sleep(max(0.0, min(TICK, deadline - time.monotonic())))
 
 
-def lmode(parent, name):
-    """The mode of ``name`` in ``parent`` (an fd), links not followed; 0 when there is none."""
-    try:
-        return os.lstat(name, dir_fd=parent).st_mode
-    except OSError:
-        return 0
-
-
 def links_below(parent, name, depth):
     """Relative names of the links below the directory ``name`` of ``parent``, to ``depth``."""
     child = opendir(name, parent)
@@ -119,18 +111,19 @@ def main(run_dir, uid, gid, mark, wait=0.0):
     for name in sorted(os.listdir(nodes)) if nodes is not None else []:
         if name.endswith(".exit"):
             emit(out, mark, "nodes/" + name, nodes, name)
+    entries = {e.name: e for e in os.scandir(top)}  # no link followed
     links = []  # among WATCHED, and below WALKED
     for name in WATCHED:
-        mode = lmode(top, name)
-        if stat.S_ISLNK(mode):
+        entry = entries.get(name)
+        if entry is not None and entry.is_symlink():
             links.append(name)
-        elif stat.S_ISDIR(mode) and name in WALKED:
+        elif entry is not None and entry.is_dir(follow_symlinks=False) and name in WALKED:
             links += links_below(top, name, DEPTH)
     record(out, mark, "links", links)
     kept = opendir("checkpoints", top)
     names = os.listdir(kept) if kept is not None else []
     record(out, mark, "checkpoints", sorted(n for n in names if CHECKPOINT.fullmatch(n)))
-    plot = stat.S_ISREG(lmode(top, "report.png"))
+    plot = "report.png" in entries and entries["report.png"].is_file(follow_symlinks=False)
     record(out, mark, "present", ["report.png"] if plot else [])
 
 

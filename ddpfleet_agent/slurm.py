@@ -58,8 +58,7 @@ def _job_state(squeue_out: str) -> tuple[str, str]:
 
 
 def queued(squeue_out: str, job: str) -> dict:
-    """``{job_state, queue_position}`` while the run's job waits for or starts on its hosts,
-    else ``{}`` (ended, or gone from squeue)."""
+    """``{job_state, queue_position}`` while the job waits for or starts on its hosts, else {}."""
     state, pending = _job_state(squeue_out)
     if state not in WAITING:
         return {}

@@ -52,10 +52,8 @@ def where(threads: list[dict], state: str = "") -> dict:
             break
     own = [f for f in frames if not any(p in str(f.get("filename")) for p in LIBRARY_PARTS)]
     at = _short(own[0]) if own else (_short(frames[0]) if frames else "")
-    if state == "T":
-        what = f"stopped (process state T) in {what}"
-    elif state == "D":
-        what = f"uninterruptible I/O (process state D) in {what}"
+    said = {"T": "stopped", "D": "uninterruptible I/O"}.get(state)
+    what = f"{said} (process state {state}) in {what}" if said else what
     return {"what": what, "at": at, "io": state == "D" or what == "DataLoader.__next__"}
 
 

@@ -1,9 +1,8 @@
 """summary.json, how a run ended: written once and whole at the run's end by the agent that
 ends it (node rank 0's, or its stand-in: ``ending.py``), so a script that waits for its
-``status`` reads the whole record. The trainer (rank 0, at the end of each start) hands its part
-over in ``TRAINER_PART``; the agent merges it with the run's outcome and attempts (``merge``)
-and removes it, so no later attempt merges it again. A user's program writes no part; the
-trainer without an agent writes summary.json itself.
+``status`` reads the whole record. The trainer hands its part over in ``TRAINER_PART``, which the
+agent merges (``merge``) and removes, so no later attempt merges it again; without an agent the
+trainer writes summary.json itself.
 """
 
 from __future__ import annotations

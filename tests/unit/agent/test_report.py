@@ -1,4 +1,4 @@
-"""ddpfleet_agent/report.py and plot.py in-process: the run's status word, report.txt's table
+"""ddpfleet_agent/report.py in-process: the run's status word, report.txt's table
 and the report.png chart node rank 0's agent writes for a completed run."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from ddpfleet_agent import plot, report
+from ddpfleet_agent import report
 from ddpfleet_agent.cli import BadAgentInput, parse_args
 
 HOSTS = ["node1", "node2", "node3"]
@@ -26,7 +26,7 @@ SUMMARY = {
     "steps": 30,
 }
 ROWS = [{"step": s, "loss": 7 - s / 10, "images_per_sec": 30 + s} for s in range(10, 40, 10)]
-BLUE, ORANGE = plot.BLUE, plot.ORANGE
+BLUE, ORANGE = report.BLUE, report.ORANGE
 
 
 # --- the status word -------------------------------------------------------------------------
@@ -136,12 +136,12 @@ def test_read_metrics_keeps_rows_with_a_step_and_never_follows_a_link(tmp_path: 
 def test_series_keeps_rows_with_a_step_and_a_finite_value():
     rows = [{"step": 10, "loss": 2.0}, {"step": 20}, {"loss": 1.0}, {"step": 30, "loss": 1.5},
             {"step": 40, "loss": float("nan")}, {"step": 50, "loss": float("inf")}]  # fmt: skip
-    assert plot.series(rows, "loss") == [(10.0, 2.0), (30.0, 1.5)]
+    assert report.series(rows, "loss") == [(10.0, 2.0), (30.0, 1.5)]
 
 
 def test_png_of_a_diverged_run_still_draws():
     rows = [*ROWS, {"step": 40, "loss": float("nan"), "images_per_sec": 70.0}]
-    assert plot.render_png("r5", rows).startswith(b"\x89PNG")
+    assert report.render_png("r5", rows).startswith(b"\x89PNG")
 
 
 @pytest.mark.parametrize(
@@ -153,20 +153,20 @@ def test_png_of_a_diverged_run_still_draws():
     ],
 )
 def test_ticks_are_round_values_inside_the_range(lo, hi, expected):
-    assert plot.ticks(lo, hi) == expected
+    assert report.ticks(lo, hi) == expected
 
 
 def colours(png: bytes) -> dict[tuple[int, int, int], int]:
     img = Image.open(io.BytesIO(png)).convert("RGB")
-    assert img.size == (plot.W, plot.H)
-    return {c: n for n, c in img.getcolors(plot.W * plot.H)}
+    assert img.size == (report.W, report.H)
+    return {c: n for n, c in img.getcolors(report.W * report.H)}
 
 
 def test_png_is_the_same_bytes_for_the_same_rows_and_draws_both_series():
-    png = plot.render_png("r5", ROWS)
+    png = report.render_png("r5", ROWS)
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
-    assert png == plot.render_png("r5", ROWS)
-    assert png != plot.render_png("r6", ROWS)  # the title names the run
+    assert png == report.render_png("r5", ROWS)
+    assert png != report.render_png("r6", ROWS)  # the title names the run
     seen = colours(png)
     assert seen.get(BLUE, 0) > 200  # the loss line (2 px wide) and its axis labels
     assert seen.get(ORANGE, 0) > 200  # img/s
@@ -174,9 +174,9 @@ def test_png_is_the_same_bytes_for_the_same_rows_and_draws_both_series():
 
 def test_png_without_throughput_draws_no_img_s_axis_or_line():
     only_loss = [{"step": r["step"], "loss": r["loss"]} for r in ROWS]
-    with_rate = colours(plot.render_png("r5", ROWS)).get(ORANGE, 0)
+    with_rate = colours(report.render_png("r5", ROWS)).get(ORANGE, 0)
     # the right axis title stays (orange text); the line and tick labels go
-    assert colours(plot.render_png("r5", only_loss)).get(ORANGE, 0) < with_rate / 2
+    assert colours(report.render_png("r5", only_loss)).get(ORANGE, 0) < with_rate / 2
 
 
 # --- write_report: the files node rank 0's agent writes --------------------------------------
@@ -196,7 +196,7 @@ def test_write_report_writes_the_table_and_plot_and_no_temp_file(tmp_path: Path)
     text = (d / "report.txt").read_text()
     assert text.splitlines() == report.report_lines(SUMMARY, 0.9, HOSTS, 1)
     assert text.splitlines()[3].split()[:2] == ["2", "node3"]
-    assert (d / "report.png").read_bytes() == plot.render_png("r5", ROWS)
+    assert (d / "report.png").read_bytes() == report.render_png("r5", ROWS)
     assert sorted(p.name for p in d.iterdir()) == [
         "metrics.jsonl", "report.png", "report.txt", "summary.json",
     ]  # fmt: skip
@@ -233,11 +233,11 @@ def test_restarts_are_a_line_each_in_the_table_and_a_red_line_on_the_plot():
         "restart 1 at step 5 (healed in 9.9 s, on 2 hosts: without n3) after: c1",
         "restart 2 at step 15 (healed in 13.8 s, on 3 hosts: n3 back) after: n3 back: x",
     ]
-    plain = colours(plot.render_png("r5", ROWS))
-    marked = colours(plot.render_png("r5", ROWS, [(20.0, "restart 1")]))
-    assert marked.get(plot.RED, 0) > 100 > plain.get(plot.RED, 0)
-    assert marked.get(plot.RED, 0) > colours(plot.render_png("r5", ROWS, [(99.0, "x")])).get(
-        plot.RED, 0
+    plain = colours(report.render_png("r5", ROWS))
+    marked = colours(report.render_png("r5", ROWS, [(20.0, "restart 1")]))
+    assert marked.get(report.RED, 0) > 100 > plain.get(report.RED, 0)
+    assert marked.get(report.RED, 0) > colours(report.render_png("r5", ROWS, [(99.0, "x")])).get(
+        report.RED, 0
     )  # a mark off the steps drawn is left out
 
 
