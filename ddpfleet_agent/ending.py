@@ -63,7 +63,7 @@ class Ending:
                 self._wait_for_peers(outcome, failure)
             if cfg.program:
                 self._write_program_summary(outcome, exit_rec)
-            self.starts.ended(exit_rec["time"])
+            self.starts.attempts[-1]["ended"] = exit_rec["time"]
             records.write_attempts(self.starts.attempts, self.starts.restarts)
             self._write_end(outcome, failure)
         # the last writes of a completed run (report.png) may take a while, a silent storage one

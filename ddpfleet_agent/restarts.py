@@ -51,15 +51,13 @@ def regrouped(
     (its options up to the program, as launch.yml writes them)."""
     out = list(command)
     at = next((i for i, part in enumerate(out) if Path(part).name == "torchrun"), len(out))
-    new = {"--nnodes=": nnodes, "--node-rank=": node_rank}
-    if master:
-        new["--master-addr="] = master
+    new = {"--nnodes": nnodes, "--node-rank": node_rank, "--master-addr": master or None}
     for i in range(at + 1, len(out)):
         if not out[i].startswith("--"):
             break
-        for option, value in new.items():
-            if out[i].startswith(option):
-                out[i] = f"{option}{value}"
+        option = out[i].split("=", 1)[0]
+        if "=" in out[i] and new.get(option) is not None:
+            out[i] = f"{option}={new[option]}"
     return out
 
 
@@ -102,9 +100,6 @@ class Starts:
         """Count a restart after ``cause``: the restarts so far, this one included."""
         self.causes.append(cause)
         return self.restarts
-
-    def ended(self, at: float) -> None:
-        self.attempts[-1]["ended"] = at
 
     def start(self, cause: Failure | None = None) -> None:
         """Start the command (again: on the hosts still members, renumbered) and open its
@@ -237,7 +232,7 @@ class Starts:
             with contextlib.suppress(OSError):
                 old.unlink()
         if self.attempts:
-            self.ended(time.time())
+            self.attempts[-1]["ended"] = time.time()
         self.weights = weights or self.weights
         self.start(cause)
         return True, replace(standing, failure=None, diagnosis=None)
