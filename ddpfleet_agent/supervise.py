@@ -15,13 +15,13 @@ from types import FrameType
 from ddpfleet_agent import bundle, failures, machine
 from ddpfleet_agent.cli import AgentConfig
 from ddpfleet_agent.ending import Ending
-from ddpfleet_agent.failover import FailOver
+from ddpfleet_agent.failover import Heal
 from ddpfleet_agent.judging import Judge, claim
 from ddpfleet_agent.machine import Action, Began, Do, Ended, Facts, Reported, Standing, State
 from ddpfleet_agent.peers import Peers, StoreLost
 from ddpfleet_agent.ranks import LocalRanks
 from ddpfleet_agent.records import Records
-from ddpfleet_agent.regrow import Lead, Regrow
+from ddpfleet_agent.regrow import Lead
 from ddpfleet_agent.restarts import Starts
 
 CONFIG = ("node_rank", "can_fail_over", "takes_hosts_back", "restarts", "min_hosts")  # Facts'
@@ -42,8 +42,9 @@ class Agent:
         records, say, stopped = self.records, self.say, lambda: bool(self.signum)
         self.starts = starts = Starts(cfg, peers, ranks, judge=self.judge, env=env, say=say)
         self.lead = Lead(cfg, peers, say)
-        self.failover = FailOver(cfg, peers, ranks, records=records, starts=starts, say=say)
-        self.regrow = Regrow(cfg, peers, records=records, starts=starts, say=say, stopped=stopped)
+        self.heal = Heal(
+            cfg, peers, ranks, records=records, starts=starts, say=say, stopped=stopped
+        )
         self.ending = Ending(cfg, peers, ranks, records=records, starts=starts, say=say)
         self.standing = Standing()
         self.signum, self.stopping_since, self.escalated = 0, 0.0, False
@@ -90,7 +91,7 @@ class Agent:
         self.say(f"node_rank {cfg.node_rank} of {len(cfg.hosts)}, attempt {cfg.attempt}: {command}")
         try:
             self.peers.read_key()
-            moved_on = cfg.can_fail_over and self.failover.moved_on()
+            moved_on = cfg.can_fail_over and self.heal.moved_on()
             if not moved_on:
                 self.peers.connect()
         except StoreLost as exc:
@@ -147,26 +148,16 @@ class Agent:
         else:  # the generation's ranks end first, their last output drained
             self.ranks.end()
             heal = {
-                Action.FAIL_OVER: self.failover.failed_over,
+                Action.FAIL_OVER: self.heal.failed_over,
                 Action.RESTART: self.starts.restarted,
-                Action.REGROW: self.regrow.regrown,
-                Action.REJOIN: lambda at: self._rejoin(at, do.text == "again"),
+                Action.REGROW: self.heal.regrown,
+                Action.REJOIN: lambda at: self.heal.rejoined(at, do.text == "again"),
             }
             started, self.standing = heal[do.action](standing)
             if started:
                 self.lead.restarted()
             return started
         return False
-
-    def _rejoin(self, standing: Standing, again: bool) -> tuple[bool, Standing]:
-        """Ask to come back (regrow.py); let in, regroup with the members node rank 0 named."""
-        said = self.regrow.rejoined(again)
-        if said is None:
-            return False, standing
-        self.peers.members = list(said["nodes"])
-        self.records.storage_silent = False  # back on the network: its storage may be too
-        back = replace(standing, store_ok=True, left_out=False)  # with the run's new shares
-        return self.starts.regroup(said["generation"], back, None, [], weights=said.get("weights"))
 
     def _serve_metrics(self) -> str:
         """Start the Prometheus endpoint; why not, in one line ('' when it serves)."""
@@ -210,7 +201,7 @@ class Agent:
             found = self.judge.check(now, self.starts.began() or now) or self.lead.regrow(now)
             problem = found or self.lead.rebalance(now, self.starts.weights)
             if problem is not None and problem.get("cut_off"):  # judging.Judge.check
-                self.standing = self.failover.step_down(problem, self.standing)
+                self.standing = self.heal.step_down(problem, self.standing)
                 return "failed", 1
             if problem is not None:
                 self._end_ranks(claim(self.peers, self.standing, problem))
