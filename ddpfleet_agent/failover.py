@@ -22,8 +22,6 @@ from typing import TYPE_CHECKING
 
 from ddpfleet_agent.machine import Standing
 from ddpfleet_agent.membership import StoreGone, StoreLost
-from ddpfleet_agent.ranks import KILL_WAIT
-from ddpfleet_agent.records import cause_line
 from ddpfleet_agent.regrow import ASK_EVERY
 
 if TYPE_CHECKING:
@@ -68,16 +66,13 @@ class Heal:
         lost = peers.leader
         left = [n for n in peers.members if n != lost]
         generation, new = peers.generation + 1, left[0]
-        self.say(
-            f"restart {self.starts.count(cause)} of {cfg.restarts} without {cfg.hosts[lost]} "
-            f"from the newest checkpoint, the run's store now on {cfg.hosts[new]}, after: "
-            f"{cause_line(cfg.run_id, cause)}"
-        )
+        store = f"the run's store now on {cfg.hosts[new]},"
+        self.starts.count(cause, f"without {cfg.hosts[lost]} from the newest checkpoint, {store}")
         try:
             if new == cfg.node_rank:
                 peers.take_over(generation)
             else:  # it may still be ending its ranks (forensics, then the kill)
-                peers.follow(new, cfg.peer_timeout + cfg.dump_timeout + KILL_WAIT, lost)
+                peers.follow(new, self.starts.within, lost)
         except StoreLost as exc:
             self.say(f"{cfg.hosts[new]} does not serve the run's store ({exc})")
             return False, replace(standing, left_out=True)  # it looks for the run as one left out

@@ -54,7 +54,7 @@ def scripted(tmp_path, monkeypatch):
             return "failed", 1
 
         def restarted(standing):  # as restarts.Starts.restarted does, less the ranks and store
-            agent.starts.count(standing.failure)
+            agent.starts.causes.append(standing.failure)
             calls.append(("restart",))
             return True, standing
 
