@@ -94,8 +94,7 @@ class Judge:
         """A failure this agent sees while its command runs (``started`` then), or None. The
         store's host that lost every other host at once is cut off, whatever its own ranks do:
         where enough hosts are left the others go on without it (failover.py)."""
-        cfg, beat = self.cfg, self.cfg.heartbeat_timeout
-        members = len(self.peers.members)
+        cfg, beat, members = self.cfg, self.cfg.heartbeat_timeout, len(self.peers.members)
         silent = self.peers.silent(now, cfg.peer_timeout)
         gone = failures.host_problem(silent, members, cfg.node_rank, cfg.peer_timeout)
         # this host serves the store, and another may take over with enough hosts left
@@ -107,8 +106,7 @@ class Judge:
         frozen = failures.rank_problem(beats, beat, cfg.stop_timeout)
         if frozen is not None:
             return self.failure(cfg.node_rank, frozen[1], rank=frozen[0], restartable=True)
-        hang = failures.hang_cause(self.peers.views, cfg.hosts, beat, judge=cfg.host)
-        if hang is not None:
+        if hang := failures.hang_cause(self.peers.views, cfg.hosts, beat, judge=cfg.host):
             return hang
         if gone is not None:
             return self.failure(gone[0], gone[1], gone=gone[0] != cfg.node_rank)

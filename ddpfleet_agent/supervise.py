@@ -85,8 +85,8 @@ class Agent:
 
     def _run(self) -> int:
         cfg = self.cfg
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
         command = " ".join(cfg.command)
         self.say(f"node_rank {cfg.node_rank} of {len(cfg.hosts)}, attempt {cfg.attempt}: {command}")
         try:
