@@ -108,11 +108,8 @@ class Heal:
         store every ASK_EVERY s and ask to come back until node rank 0 lets it in, then regroup
         with the members it named (and the run's new shares); not when the run ended first, at
         the run's max_runtime or on a stop."""
-        self.say(
-            "started again in the run: it asks to come back until the run ends"
-            if again
-            else "out of the run: its ranks are ended; it asks to come back until the run ends"
-        )
+        why = "started again in the run:" if again else "out of the run: its ranks are ended;"
+        self.say(f"{why} it asks to come back until the run ends")
         limit = self.cfg.max_runtime and (self.starts.began() or time.time()) + self.cfg.max_runtime
         connected = False
         while not self.stopped() and not (limit and time.time() > limit):
