@@ -16,6 +16,7 @@ from ddpfleet_agent import bundle, failures, machine
 from ddpfleet_agent.cli import AgentConfig
 from ddpfleet_agent.ending import Ending
 from ddpfleet_agent.failover import Heal
+from ddpfleet_agent.failures import Failure
 from ddpfleet_agent.judging import Judge, claim
 from ddpfleet_agent.machine import Action, Began, Do, Ended, Facts, Reported, Standing, State
 from ddpfleet_agent.peers import Peers, StoreLost
@@ -197,9 +198,7 @@ class Agent:
                 return outcome, code
             self.starts.track(now)
             self.ending.progress(now)
-            # a failure seen while the ranks run, or node rank 0's planned end of a generation
-            found = self.judge.check(now, self.starts.began() or now) or self.lead.regrow(now)
-            problem = found or self.lead.rebalance(now, self.starts.weights)
+            problem = self._check(now)
             if problem is not None and problem.get("cut_off"):  # judging.Judge.check
                 self.standing = self.heal.step_down(problem, self.standing)
                 return "failed", 1
@@ -212,6 +211,11 @@ class Agent:
                 self.escalated = True
                 self.ranks.kill_all()
             time.sleep(cfg.tick)
+
+    def _check(self, now: float) -> Failure | None:
+        """A failure seen while the ranks run, or node rank 0's planned end of a generation."""
+        found = self.judge.check(now, self.starts.began() or now) or self.lead.regrow(now)
+        return found or self.lead.rebalance(now, self.starts.weights)
 
     def _end_ranks(self, standing: Standing) -> None:
         """Kill the ranks of a failed run, after the forensics bundle of those still running."""
