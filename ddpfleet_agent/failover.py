@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import KW_ONLY, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ddpfleet_agent.machine import Standing
@@ -41,7 +41,6 @@ class Heal:
     cfg: AgentConfig
     peers: Peers
     ranks: LocalRanks
-    _: KW_ONLY
     records: Records
     starts: Starts
     say: Callable[[str], None]

@@ -43,9 +43,7 @@ class Agent:
         records, say, stopped = self.records, self.say, lambda: bool(self.signum)
         self.starts = starts = Starts(cfg, peers, ranks, judge=self.judge, env=env, say=say)
         self.lead = Lead(cfg, peers, say)
-        self.heal = Heal(
-            cfg, peers, ranks, records=records, starts=starts, say=say, stopped=stopped
-        )
+        self.heal = Heal(cfg, peers, ranks, records, starts, say, stopped)
         self.ending = Ending(cfg, peers, ranks, records=records, starts=starts, say=say)
         self.standing = Standing()
         self.signum, self.stopping_since, self.escalated = 0, 0.0, False
