@@ -130,7 +130,7 @@ class Agent:
 
     def _carry_out(self, do: Do) -> bool:
         """One of the machine's actions: True when this host's ranks run (again)."""
-        standing = self.standing
+        standing, started = self.standing, False
         if do.action is Action.REFUSE:  # why the failed run was not restarted
             cause = standing.failure or {}
             failure = {**cause, "reason": f"{cause.get('reason')}; {do.text}"}
@@ -142,8 +142,7 @@ class Agent:
             self.standing = claim(self.peers, standing, mine)
         elif do.action is Action.START:
             self.starts.start()
-            self.lead.restarted()
-            return True
+            started = True
         else:  # the generation's ranks end first, their last output drained
             self.ranks.end()
             heal = {
@@ -153,10 +152,9 @@ class Agent:
                 Action.REJOIN: lambda at: self.heal.rejoined(at, do.text == "again"),
             }
             started, self.standing = heal[do.action](standing)
-            if started:
-                self.lead.restarted()
-            return started
-        return False
+        if started:  # a new start of the ranks
+            self.lead.restarted()
+        return started
 
     def _serve_metrics(self) -> str:
         """Start the Prometheus endpoint; why not, in one line ('' when it serves)."""
