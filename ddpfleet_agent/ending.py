@@ -47,14 +47,8 @@ class Ending:
         self.ranks.end()
         failed = outcome == "failed" and failure
         self.say(cause_line(cfg.run_id, failure) if failed else f"{outcome} (exit code {code})")
-        exit_rec = {
-            "host": cfg.host,
-            "node_rank": cfg.node_rank,
-            "attempt": cfg.attempt,
-            "exit_code": code,
-            "outcome": outcome,
-            "time": time.time(),
-        }
+        exit_rec = {"host": cfg.host, "node_rank": cfg.node_rank, "attempt": cfg.attempt}
+        exit_rec.update(exit_code=code, outcome=outcome, time=time.time())
         if failure:
             exit_rec["failure"] = failure
         if standing.store_ok:
@@ -64,16 +58,15 @@ class Ending:
                 standing = replace(standing, store_ok=False)
         records.write_exit(exit_rec)
         self._write_summary(outcome, standing, escalated)
-        if leads and standing.store_ok:
-            self._wait_for_peers(outcome, failure)
-        if leads and cfg.program:
-            self._write_program_summary(outcome, exit_rec)
         if leads:
-            self.starts.ended(exit_rec["time"])
+            if standing.store_ok:
+                self._wait_for_peers(outcome, failure)
+            if cfg.program:
+                self._write_program_summary(outcome, exit_rec)
+            self.starts.attempts[-1]["ended"] = exit_rec["time"]
             records.write_attempts(self.starts.attempts, self.starts.restarts)
             self._write_end(outcome, failure)
-        # the last writes of a completed run (report.png) may take a while; a silent storage
-        # gets one bound more
+        # the last writes of a completed run (report.png) may take a while, a silent storage one
         bound = cfg.storage_timeout if records.storage_silent else 3 * cfg.storage_timeout
         if not records.flush(bound) or records.storage_silent:
             # the host-local fallback's exit record names the storage as the cause (status.yml)
@@ -133,15 +126,8 @@ class Ending:
         ended = now.get("attempt") == cfg.attempt and now.get("state") == "ended"
         if self.records.storage_silent or now != before or ended:
             return
-        record = {
-            **now,
-            "run_id": cfg.run_id,
-            "attempt": cfg.attempt,
-            "state": "ended",
-            "status": "failed",
-            "time": time.time(),
-        }
-        self.records.write_progress(record, final=True)
+        record = {**now, "run_id": cfg.run_id, "attempt": cfg.attempt, "state": "ended"}
+        self.records.write_progress({**record, "status": "failed", "time": time.time()}, final=True)
 
     def _write_program_summary(self, outcome: str, mine: dict) -> None:
         cfg, exits = self.cfg, {**self.peers.exits, self.cfg.node_rank: mine}
@@ -223,10 +209,7 @@ class Ending:
             "time": now,
             "step": step,
             "total_steps": total,
-            "epoch": lead.get("epoch"),
-            "phase": lead.get("phase"),
-            "loss": lead.get("loss"),
-            "images_per_sec": lead.get("images_per_sec"),
+            **{k: lead.get(k) for k in ("epoch", "phase", "loss", "images_per_sec")},
             "eta_sec": eta,
             "hosts": hosts,
             "elapsed_sec": round(now - self.ranks.started, 1) if self.ranks.started else 0.0,

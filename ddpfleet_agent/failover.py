@@ -1,29 +1,28 @@
-"""Losing the host of the run's store (node rank 0's, or the host that took over since): another
-host takes over, with no controller.
+"""The ways back of a run, with no controller, but a restart in place (restarts.py): failing
+over when the host of the run's store is lost, restarting with hosts taken back or new shares
+(regrow.py), and asking to come back once left out (cut off, judged gone, or started again).
 
 With ``--addresses`` and a run that may shrink (``--min-hosts`` and ``--restarts``), the run has
-no host it cannot lose. When the agents lose the store, each ends its ranks; the lowest-ranked
-member left serves a new store on its own address (the same port), the others connect to it,
-and they regroup there without the lost host, from the newest checkpoint. Each store holds a
-sealed ``leader`` record (its host and generation): a host looking for the run finds the newest
-by asking the other hosts' stores, and rejoins at a checkpoint as any host does (regrow.py).
-
+no host it cannot lose. When the agents lose the store (node rank 0's, or the host's that took
+over since), each ends its ranks; the lowest-ranked member left serves a new store on its own
+address (the same port), the others connect to it, and they regroup there without the lost
+host, from the newest checkpoint. Each store holds a sealed ``leader`` record (its host and
+generation): a host looking for the run finds the newest by asking the other hosts' stores.
 A host cut off from every other cannot tell that from every other host being lost: the one
 that would lead alone while others were expected steps down and looks for the run's store as a
-host left out does. With too few hosts (``--min-hosts``) or no restart left, the run fails,
-naming the lost host.
+host left out does, until let back, the run over, its max_runtime or a stop.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import KW_ONLY, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ddpfleet_agent.machine import Standing
-from ddpfleet_agent.membership import StoreLost
-from ddpfleet_agent.ranks import KILL_WAIT
-from ddpfleet_agent.records import cause_line
+from ddpfleet_agent.membership import StoreGone, StoreLost
+from ddpfleet_agent.regrow import ASK_EVERY
 
 if TYPE_CHECKING:
     from ddpfleet_agent.cli import AgentConfig
@@ -35,14 +34,17 @@ if TYPE_CHECKING:
 
 
 @dataclass(eq=False)
-class FailOver:
+class Heal:
+    """Each way back of a run's generation but a restart in place: (True, standing) when this
+    host's ranks run again. ``stopped``: a stop came (SIGTERM, SIGINT)."""
+
     cfg: AgentConfig
     peers: Peers
     ranks: LocalRanks
-    _: KW_ONLY
     records: Records
     starts: Starts
     say: Callable[[str], None]
+    stopped: Callable[[], bool]
 
     def moved_on(self) -> bool:
         """This agent starts in a run that went on under another host's store: progress.json
@@ -63,16 +65,13 @@ class FailOver:
         lost = peers.leader
         left = [n for n in peers.members if n != lost]
         generation, new = peers.generation + 1, left[0]
-        self.say(
-            f"restart {self.starts.count(cause)} of {cfg.restarts} without {cfg.hosts[lost]} "
-            f"from the newest checkpoint, the run's store now on {cfg.hosts[new]}, after: "
-            f"{cause_line(cfg.run_id, cause)}"
-        )
+        store = f"the run's store now on {cfg.hosts[new]},"
+        self.starts.count(cause, f"without {cfg.hosts[lost]} from the newest checkpoint, {store}")
         try:
             if new == cfg.node_rank:
                 peers.take_over(generation)
             else:  # it may still be ending its ranks (forensics, then the kill)
-                peers.follow(new, cfg.peer_timeout + cfg.dump_timeout + KILL_WAIT, lost)
+                peers.follow(new, self.starts.within, lost)
         except StoreLost as exc:
             self.say(f"{cfg.hosts[new]} does not serve the run's store ({exc})")
             return False, replace(standing, left_out=True)  # it looks for the run as one left out
@@ -85,3 +84,58 @@ class FailOver:
         self.ranks.end()
         self.peers.step_down()
         return replace(standing, failure=problem, store_ok=False, left_out=True)
+
+    def regrown(self, standing: Standing) -> tuple[bool, Standing]:
+        """Once node rank 0 ended the generation to take hosts back or to give new shares (the
+        ranks ended): restart from the newest checkpoint with them."""
+        cause = standing.failure or {}
+        joining = [int(n) for n in cause.get("regrow") or []]
+        new = cause.get("rebalance") or {}
+        weights = {str(h): float(w) for h, w in new.items()} if new else self.starts.weights
+        after = len(self.starts.attempts)  # the generation of the restart
+        back = " with every host back" if joining else ""
+        self.say(f"{cause.get('reason')}: restart from the newest checkpoint{back}")
+        if self.peers.leads:
+            try:
+                self.peers.welcome(after, joining, weights)
+            except StoreLost:
+                return False, replace(standing, store_ok=False)
+        return self.starts.regroup(after, standing, cause, [], joining=joining, weights=weights)
+
+    def rejoined(self, standing: Standing, again: bool = False) -> tuple[bool, Standing]:
+        """A host cut off or left out, or whose agent was started ``again`` in the run: try the
+        store every ASK_EVERY s and ask to come back until node rank 0 lets it in, then regroup
+        with the members it named (and the run's new shares); not when the run ended first, at
+        the run's max_runtime or on a stop."""
+        why = "started again in the run:" if again else "out of the run: its ranks are ended;"
+        self.say(f"{why} it asks to come back until the run ends")
+        limit = self.cfg.max_runtime and (self.starts.began() or time.time()) + self.cfg.max_runtime
+        connected = False
+        while not self.stopped() and not (limit and time.time() > limit):
+            try:
+                if not connected and self.peers.reconnect():
+                    connected = True
+                    if again:  # it goes on from its earlier agent's keepalive and answer
+                        self.peers.ran_before()
+                if connected and self.peers.run_over():
+                    break
+                said = self.peers.welcomed() if connected else None
+                if said is not None:
+                    return self._back(said, standing)
+                if connected:
+                    self.peers.ask_to_join()
+            except StoreGone:
+                break
+            except StoreLost:
+                connected = False
+            if self.records.progress().get("state") == "ended":
+                break
+            time.sleep(ASK_EVERY)
+        return False, standing
+
+    def _back(self, said: dict, standing: Standing) -> tuple[bool, Standing]:
+        self.say(f"back in the run at its generation {said['generation']}")
+        self.peers.members = list(said["nodes"])
+        self.records.storage_silent = False  # back on the network: its storage may be too
+        back = replace(standing, store_ok=True, left_out=False)
+        return self.starts.regroup(said["generation"], back, None, [], weights=said.get("weights"))

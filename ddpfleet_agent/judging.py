@@ -38,18 +38,10 @@ class Judge:
         self.cfg, self.peers, self.ranks = cfg, peers, ranks
 
     def failure(
-        self,
-        node: int,
-        reason: str,
-        *,
-        rank: int | None = None,
-        code: int | None = None,
-        ranks: bool = False,
-        gone: bool = False,
+        self, node: int, reason: str, rank: int | None = None, code: int | None = None, **kw: bool
     ) -> Failure:
-        """The failure of ``node`` (its ``rank``, where one is to blame, and exit ``code``).
-        ``ranks``: a failure of a rank's own (its exit, frozen), which a restart may heal;
-        ``gone``: another host without a keepalive (the run may go on without it)."""
+        """The failure of ``node`` (its ``rank``, where one is to blame, and exit ``code``) and
+        the step it reached; ``kw``: restartable, gone (failures.Failure)."""
         views = self.peers.views.get(node, {}).get("ranks") or []
         if rank is None:  # a whole host: name its first rank (the only one with one per host)
             members = self.peers.members  # torchrun's node ranks: the members' order
@@ -58,9 +50,7 @@ class Judge:
         local = rank_views(self.ranks.heartbeats(), 0) if node == self.cfg.node_rank else []
         step = {r["rank"]: r["step"] for r in [*views, *local]}.get(rank)  # its last word
         hosts, judge = self.cfg.hosts, self.cfg.host
-        return failures.failure(
-            hosts, node, rank, code, reason, judge=judge, step=step, restartable=ranks, gone=gone
-        )
+        return failures.failure(hosts, node, rank, code, reason, judge=judge, step=step, **kw)
 
     def store_lost(self, exc: Exception) -> Failure:
         """The failure of losing the store: its host, gone when another may take over."""
@@ -77,7 +67,7 @@ class Judge:
             return "stopped", EXIT_STOPPED, standing
         self.ranks.wait_output()
         rank, rcode, reason = self.ranks.failed_rank(code)
-        mine = self.failure(self.cfg.node_rank, reason, rank=rank, code=rcode, ranks=True)
+        mine = self.failure(self.cfg.node_rank, reason, rank=rank, code=rcode, restartable=True)
         # A dead rank or host makes the others fail too: publish this exit, watch the peers'
         # for a moment, and name a host that went silent, else the first cause of all exits.
         deadline = time.time() + self.cfg.settle
@@ -104,8 +94,7 @@ class Judge:
         """A failure this agent sees while its command runs (``started`` then), or None. The
         store's host that lost every other host at once is cut off, whatever its own ranks do:
         where enough hosts are left the others go on without it (failover.py)."""
-        cfg, beat = self.cfg, self.cfg.heartbeat_timeout
-        members = len(self.peers.members)
+        cfg, beat, members = self.cfg, self.cfg.heartbeat_timeout, len(self.peers.members)
         silent = self.peers.silent(now, cfg.peer_timeout)
         gone = failures.host_problem(silent, members, cfg.node_rank, cfg.peer_timeout)
         # this host serves the store, and another may take over with enough hosts left
@@ -116,9 +105,8 @@ class Judge:
         beats = rank_views(self.ranks.heartbeats(), now)
         frozen = failures.rank_problem(beats, beat, cfg.stop_timeout)
         if frozen is not None:
-            return self.failure(cfg.node_rank, frozen[1], rank=frozen[0], ranks=True)
-        hang = failures.hang_cause(self.peers.views, cfg.hosts, beat, judge=cfg.host)
-        if hang is not None:
+            return self.failure(cfg.node_rank, frozen[1], rank=frozen[0], restartable=True)
+        if hang := failures.hang_cause(self.peers.views, cfg.hosts, beat, judge=cfg.host):
             return hang
         if gone is not None:
             return self.failure(gone[0], gone[1], gone=gone[0] != cfg.node_rank)

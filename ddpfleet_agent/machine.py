@@ -53,10 +53,7 @@ class Action(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Do:
-    """One action; ``text``: the refusal (REFUSE), the reason (CLAIM), the outcome (FINISH),
-    'again' (REJOIN of an agent started again in the run)."""
-
+class Do:  # text: the refusal (REFUSE), reason (CLAIM), outcome (FINISH), 'again' (REJOIN)
     action: Action
     text: str = ""
 
@@ -91,25 +88,19 @@ class Standing:
 
 
 @dataclass(frozen=True)
-class Began:
-    """The agent reached the run's store; ``again``: its agent was started again in the run."""
-
+class Began:  # the agent reached the run's store; again: its agent was started again in the run
     facts: Facts
     again: bool = False
 
 
 @dataclass(frozen=True)
-class Ended:
-    """A generation of ranks ended; ``cause``: the failure claimed (None: none)."""
-
+class Ended:  # a generation of ranks ended; cause: the failure claimed (None: none)
     facts: Facts
     cause: Mapping | None = None
 
 
 @dataclass(frozen=True)
-class Reported:
-    """An adapter's answer: ``regrouped``: this host's ranks run in a new generation."""
-
+class Reported:  # an adapter's answer; regrouped: this host's ranks run in a new generation
     facts: Facts
     regrouped: bool
 
@@ -165,15 +156,11 @@ def _refusal(cause: Any, f: Facts) -> str | None:
     )
 
 
-def may_rejoin(f: Facts) -> bool:
+def _rejoin_or_finish(f: Facts, said: tuple[Do, ...], *, again: bool = False) -> Step:
     """A host out of the run (its store lost to it, or left out) asks to come back: the run
     takes hosts back, it is not the store's host or another may take over, and no stop came."""
     eligible = f.takes_hosts_back and (f.node_rank != 0 or f.can_fail_over)
-    return eligible and not f.signalled and (f.left_out or not f.store_ok)
-
-
-def _rejoin_or_finish(f: Facts, said: tuple[Do, ...], *, again: bool = False) -> Step:
-    if may_rejoin(f):
+    if eligible and not f.signalled and (f.left_out or not f.store_ok):
         return State.LEFT_OUT, (*said, Do(Action.REJOIN, "again" if again else ""))
     return _finish(f, said)
 

@@ -1,32 +1,25 @@
 """Taking a host back into a run that went on without it (``--min-hosts``), at a checkpoint;
 and new shares of the global batch for a host that became slow (``--rebalance``), the same way.
 
-``Lead`` is node rank 0's watch for both, ``Regrow`` every member's way back. A host left out
-(cut off, judged gone, or its agent started again) keeps trying the run's store and asks to
+``Lead`` is node rank 0's watch for both (failover.Heal every member's way back). A host left
+out (cut off, judged gone, or its agent started again) keeps trying the run's store and asks to
 come back. Node rank 0 waits for the next checkpoint the ranks write (not the one after the
 run's last step: the run is ending), then ends the generation with a claimed failure marked
 ``regrow`` (no forensics: nothing failed): all regroup and restart from that checkpoint with
-the host, at the run's first world size again. A host that gets no answer gives up when the run
-is over, at the run's max_runtime, or on a stop.
+the host, at the run's first world size again.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from dataclasses import KW_ONLY, dataclass, replace
 from typing import TYPE_CHECKING
 
 from ddpfleet_agent import failures, stragglers
-from ddpfleet_agent.machine import Standing
-from ddpfleet_agent.membership import StoreGone, StoreLost
 
 if TYPE_CHECKING:
     from ddpfleet_agent.cli import AgentConfig
     from ddpfleet_agent.failures import Failure
     from ddpfleet_agent.peers import Peers
-    from ddpfleet_agent.records import Records
-    from ddpfleet_agent.restarts import Starts
 
 ASK_EVERY = 2.0  # seconds between a left-out host's tries of the store
 
@@ -126,69 +119,3 @@ class Lead:
         if self.cfg.node_rank not in members or not all(times):
             return None
         return round(stragglers.speeds(times)[members.index(self.cfg.node_rank)], 3)
-
-
-@dataclass(eq=False)
-class Regrow:
-    """Every member's way back: restarting with hosts taken back or new shares, and asking to
-    come back once left out. ``stopped``: a stop came (SIGTERM, SIGINT)."""
-
-    cfg: AgentConfig
-    peers: Peers
-    _: KW_ONLY
-    records: Records
-    starts: Starts
-    say: Callable[[str], None]
-    stopped: Callable[[], bool]
-
-    def regrown(self, standing: Standing) -> tuple[bool, Standing]:
-        """Once node rank 0 ended the generation to take hosts back or to give new shares (the
-        ranks ended): restart from the newest checkpoint with them."""
-        cause = standing.failure or {}
-        joining = [int(n) for n in cause.get("regrow") or []]
-        new = cause.get("rebalance") or {}
-        weights = {str(h): float(w) for h, w in new.items()} if new else self.starts.weights
-        after = len(self.starts.attempts)  # the generation of the restart
-        back = " with every host back" if joining else ""
-        self.say(f"{cause.get('reason')}: restart from the newest checkpoint{back}")
-        if self.peers.leads:
-            try:
-                self.peers.welcome(after, joining, weights)
-            except StoreLost:
-                return False, replace(standing, store_ok=False)
-        return self.starts.regroup(after, standing, cause, [], joining=joining, weights=weights)
-
-    def rejoined(self, again: bool = False) -> dict | None:
-        """A host cut off or left out, or whose agent was started ``again`` in the run: try the
-        store every ASK_EVERY s and ask to come back until node rank 0 lets it in. Its answer
-        (generation, nodes, weights: ``supervise.Agent`` regroups with it), or None when the run
-        ended first, at the run's max_runtime or on a stop."""
-        self.say(
-            "started again in the run: it asks to come back until the run ends"
-            if again
-            else "out of the run: its ranks are ended; it asks to come back until the run ends"
-        )
-        limit = self.cfg.max_runtime and (self.starts.began() or time.time()) + self.cfg.max_runtime
-        connected = False
-        while not self.stopped() and not (limit and time.time() > limit):
-            try:
-                if not connected and self.peers.reconnect():
-                    connected = True
-                    if again:  # it goes on from its earlier agent's keepalive and answer
-                        self.peers.ran_before()
-                if connected and self.peers.run_over():
-                    return None
-                said = self.peers.welcomed() if connected else None
-                if said is not None:
-                    self.say(f"back in the run at its generation {said['generation']}")
-                    return said
-                if connected:
-                    self.peers.ask_to_join()
-            except StoreGone:
-                return None
-            except StoreLost:
-                connected = False
-            if self.records.progress().get("state") == "ended":
-                return None
-            time.sleep(ASK_EVERY)
-        return None

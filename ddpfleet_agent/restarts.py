@@ -1,14 +1,12 @@
-"""Restarting a failed run in place (``--restarts N``), with no controller.
+"""Restarting a failed run in place (``--restarts N``), with no controller, and this host's
+starts of the command (``Starts``).
 
-``Starts`` keeps this host's starts of the command. When the run fails and ``failures.
-restart_refusal`` allows it (a rank's failure on a host still there, restarts left, not the
-same rank at the same step as before the last restart), every agent decides the same from the
-failure claimed in the store: it kills its ranks, says it is ready in the store's next
-generation (``Peers.regroup``), and once every host is, starts its command again with
+When ``failures.restart_refusal`` allows it, every agent decides the same from the failure
+claimed in the store: it kills its ranks, says it is ready in the store's next generation
+(``Peers.regroup``), and once every host is, starts its command again with
 ``DDPFLEET_RESTART=<n>`` (ddpfleet's trainer then resumes from the newest checkpoint, whatever
-``--resume`` said). Each start is an entry of the run's ``attempts`` list (progress.json, and
-summary.json at the end): hosts, world size, start time, the steps it ran, the cause of the
-restart and the heal time (the failure to the first step of the new start).
+``--resume`` said). Each start is an entry of the run's ``attempts`` list (progress.json,
+summary.json): hosts, world size, start time, steps, the restart's cause and heal time.
 """
 
 from __future__ import annotations
@@ -51,15 +49,13 @@ def regrouped(
     (its options up to the program, as launch.yml writes them)."""
     out = list(command)
     at = next((i for i, part in enumerate(out) if Path(part).name == "torchrun"), len(out))
-    new = {"--nnodes=": nnodes, "--node-rank=": node_rank}
-    if master:
-        new["--master-addr="] = master
+    new = {"--nnodes": nnodes, "--node-rank": node_rank, "--master-addr": master or None}
     for i in range(at + 1, len(out)):
         if not out[i].startswith("--"):
             break
-        for option, value in new.items():
-            if out[i].startswith(option):
-                out[i] = f"{option}{value}"
+        option = out[i].split("=", 1)[0]
+        if "=" in out[i] and new.get(option) is not None:
+            out[i] = f"{option}={new[option]}"
     return out
 
 
@@ -85,6 +81,11 @@ class Starts:
         return len(self.causes)
 
     @property
+    def within(self) -> float:
+        """How long the others may take to regroup: still taking forensics, killing ranks."""
+        return self.cfg.peer_timeout + self.cfg.dump_timeout + KILL_WAIT
+
+    @property
     def label(self) -> str:
         """This start's name: the attempt, with -r<n> after the n-th restart (forensics)."""
         return f"{self.cfg.attempt}-r{self.restarts}" if self.restarts else self.cfg.attempt
@@ -98,17 +99,14 @@ class Starts:
         """When the run's first start began (None: not yet)."""
         return self.attempts[0]["started"] if self.attempts else None
 
-    def count(self, cause: Failure) -> int:
-        """Count a restart after ``cause``: the restarts so far, this one included."""
+    def count(self, cause: Failure, how: str) -> None:
+        """Count a restart after ``cause`` and say ``how`` the run goes on."""
         self.causes.append(cause)
-        return self.restarts
-
-    def ended(self, at: float) -> None:
-        self.attempts[-1]["ended"] = at
+        line = cause_line(self.cfg.run_id, cause)
+        self.say(f"restart {self.restarts} of {self.cfg.restarts} {how} after: {line}")
 
     def start(self, cause: Failure | None = None) -> None:
-        """Start the command (again: on the hosts still members, renumbered) and open its
-        entry in the attempts list."""
+        """Start the command on the members (renumbered) and open its attempts entry."""
         cfg, env, members = self.cfg, self.env, self.peers.members
         if self.peers.generation:  # the trainer then resumes from the newest checkpoint
             env[RESTART_ENV] = str(self.peers.generation)
@@ -167,7 +165,7 @@ class Starts:
         """The start's global batch and every rank's share of it (in micro-batches where
         more than one), as its ranks' heartbeats say once every rank has said it."""
         views = self.peers.views
-        found = [r for n in self.peers.members for r in views.get(n, {}).get("ranks") or []]
+        found = (r for n in self.peers.members for r in views.get(n, {}).get("ranks") or [])
         ranks = sorted(found, key=lambda r: r["rank"])
         shares = [r.get("batch") for r in ranks]
         if not shares or None in shares or len(shares) != (entry["world_size"] or len(shares)):
@@ -186,14 +184,11 @@ class Starts:
         return {h: sum(shares[i * nproc : (i + 1) * nproc]) for i, h in enumerate(entry["hosts"])}
 
     def restarted(self, standing: Standing) -> tuple[bool, Standing]:
-        """After the run failed, its ranks ended, and the machine restarts it: in place or
-        without a host that is gone; True when this host's ranks run again."""
-        cause, cfg = standing.failure or {}, self.cfg
-        without = f" without {cause.get('host')}" if cause.get("gone") else " in place"
-        self.say(
-            f"restart {self.count(cause)} of {cfg.restarts}{without} from the newest checkpoint "
-            f"after: {cause_line(cfg.run_id, cause)}"
-        )
+        """Restart the failed run (its ranks ended) in place or without a host that is gone;
+        True when this host's ranks run again."""
+        cause = standing.failure or {}
+        how = f"without {cause.get('host')}" if cause.get("gone") else "in place"
+        self.count(cause, f"{how} from the newest checkpoint")
         left_out = [int(cause.get("node_rank", -1))] if cause.get("gone") else []
         return self.regroup(len(self.attempts), standing, cause, left_out)
 
@@ -210,13 +205,10 @@ class Starts:
         """Regroup the hosts for ``generation`` (membership.py) and start this host's ranks in
         it (True), with new ``weights`` if any; False when this host is not in it or the run
         cannot go on (the failure says why). The store's host that no other host came to, in a
-        run where another may take over, is the one cut off: it steps down (failover.py), left
-        out, claiming nothing."""
+        run where another may take over, is the one cut off: it steps down, claiming nothing."""
         cfg = self.cfg
         try:
-            # the others may still be taking their forensics bundle and killing their ranks
-            within = cfg.peer_timeout + cfg.dump_timeout + KILL_WAIT
-            said = self.peers.regroup(generation, within, left_out, joining)
+            said = self.peers.regroup(generation, self.within, left_out, joining)
         except StoreLost as exc:
             why = f"lost the run's store at a restart ({exc})"
             return False, replace(standing, store_ok=False, failure=self.judge.failure(0, why))
@@ -237,7 +229,7 @@ class Starts:
             with contextlib.suppress(OSError):
                 old.unlink()
         if self.attempts:
-            self.ended(time.time())
+            self.attempts[-1]["ended"] = time.time()
         self.weights = weights or self.weights
         self.start(cause)
         return True, replace(standing, failure=None, diagnosis=None)

@@ -15,14 +15,14 @@ from types import FrameType
 from ddpfleet_agent import bundle, failures, machine
 from ddpfleet_agent.cli import AgentConfig
 from ddpfleet_agent.ending import Ending
-from ddpfleet_agent.failover import FailOver
+from ddpfleet_agent.failover import Heal
 from ddpfleet_agent.failures import Failure
 from ddpfleet_agent.judging import Judge, claim
 from ddpfleet_agent.machine import Action, Began, Do, Ended, Facts, Reported, Standing, State
 from ddpfleet_agent.peers import Peers, StoreLost
 from ddpfleet_agent.ranks import LocalRanks
 from ddpfleet_agent.records import Records
-from ddpfleet_agent.regrow import Lead, Regrow
+from ddpfleet_agent.regrow import Lead
 from ddpfleet_agent.restarts import Starts
 
 CONFIG = ("node_rank", "can_fail_over", "takes_hosts_back", "restarts", "min_hosts")  # Facts'
@@ -43,8 +43,7 @@ class Agent:
         records, say, stopped = self.records, self.say, lambda: bool(self.signum)
         self.starts = starts = Starts(cfg, peers, ranks, judge=self.judge, env=env, say=say)
         self.lead = Lead(cfg, peers, say)
-        self.failover = FailOver(cfg, peers, ranks, records=records, starts=starts, say=say)
-        self.regrow = Regrow(cfg, peers, records=records, starts=starts, say=say, stopped=stopped)
+        self.heal = Heal(cfg, peers, ranks, records, starts, say, stopped)
         self.ending = Ending(cfg, peers, ranks, records=records, starts=starts, say=say)
         self.standing = Standing()
         self.signum, self.stopping_since, self.escalated = 0, 0.0, False
@@ -85,13 +84,13 @@ class Agent:
 
     def _run(self) -> int:
         cfg = self.cfg
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
         command = " ".join(cfg.command)
         self.say(f"node_rank {cfg.node_rank} of {len(cfg.hosts)}, attempt {cfg.attempt}: {command}")
         try:
             self.peers.read_key()
-            moved_on = cfg.can_fail_over and self.failover.moved_on()
+            moved_on = cfg.can_fail_over and self.heal.moved_on()
             if not moved_on:
                 self.peers.connect()
         except StoreLost as exc:
@@ -131,7 +130,7 @@ class Agent:
 
     def _carry_out(self, do: Do) -> bool:
         """One of the machine's actions: True when this host's ranks run (again)."""
-        standing = self.standing
+        standing, started = self.standing, False
         if do.action is Action.REFUSE:  # why the failed run was not restarted
             cause = standing.failure or {}
             failure = {**cause, "reason": f"{cause.get('reason')}; {do.text}"}
@@ -143,31 +142,19 @@ class Agent:
             self.standing = claim(self.peers, standing, mine)
         elif do.action is Action.START:
             self.starts.start()
-            self.lead.restarted()
-            return True
+            started = True
         else:  # the generation's ranks end first, their last output drained
             self.ranks.end()
             heal = {
-                Action.FAIL_OVER: self.failover.failed_over,
+                Action.FAIL_OVER: self.heal.failed_over,
                 Action.RESTART: self.starts.restarted,
-                Action.REGROW: self.regrow.regrown,
-                Action.REJOIN: lambda at: self._rejoin(at, do.text == "again"),
+                Action.REGROW: self.heal.regrown,
+                Action.REJOIN: lambda at: self.heal.rejoined(at, do.text == "again"),
             }
             started, self.standing = heal[do.action](standing)
-            if started:
-                self.lead.restarted()
-            return started
-        return False
-
-    def _rejoin(self, standing: Standing, again: bool) -> tuple[bool, Standing]:
-        """Ask to come back (regrow.py); let in, regroup with the members node rank 0 named."""
-        said = self.regrow.rejoined(again)
-        if said is None:
-            return False, standing
-        self.peers.members = list(said["nodes"])
-        self.records.storage_silent = False  # back on the network: its storage may be too
-        back = replace(standing, store_ok=True, left_out=False)  # with the run's new shares
-        return self.starts.regroup(said["generation"], back, None, [], weights=said.get("weights"))
+        if started:  # a new start of the ranks
+            self.lead.restarted()
+        return started
 
     def _serve_metrics(self) -> str:
         """Start the Prometheus endpoint; why not, in one line ('' when it serves)."""
@@ -209,7 +196,7 @@ class Agent:
             self.ending.progress(now)
             problem = self._check(now)
             if problem is not None and problem.get("cut_off"):  # judging.Judge.check
-                self.standing = self.failover.step_down(problem, self.standing)
+                self.standing = self.heal.step_down(problem, self.standing)
                 return "failed", 1
             if problem is not None:
                 self._end_ranks(claim(self.peers, self.standing, problem))
@@ -223,8 +210,8 @@ class Agent:
 
     def _check(self, now: float) -> Failure | None:
         """A failure seen while the ranks run, or node rank 0's planned end of a generation."""
-        found = self.judge.check(now, self.starts.began() or now)
-        return found or self.lead.regrow(now) or self.lead.rebalance(now, self.starts.weights)
+        found = self.judge.check(now, self.starts.began() or now) or self.lead.regrow(now)
+        return found or self.lead.rebalance(now, self.starts.weights)
 
     def _end_ranks(self, standing: Standing) -> None:
         """Kill the ranks of a failed run, after the forensics bundle of those still running."""

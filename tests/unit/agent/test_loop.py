@@ -54,19 +54,20 @@ def scripted(tmp_path, monkeypatch):
             return "failed", 1
 
         def restarted(standing):  # as restarts.Starts.restarted does, less the ranks and store
-            agent.starts.count(standing.failure)
+            agent.starts.causes.append(standing.failure)
             calls.append(("restart",))
             return True, standing
 
         agent.peers.read_key = agent.peers.connect = lambda: None
         agent.peers.ran_before = lambda: again
         agent.peers.claim = lambda failure: calls.append(("claim", failure)) or failure
-        agent.failover.moved_on = lambda: False
+        agent.heal.moved_on = lambda: False
         agent.starts.start = lambda: calls.append(("start",))
         agent._supervise = supervise
         agent.starts.restarted = restarted
-        agent.failover.failed_over = lambda standing: call(("fail over",), True, standing)
-        agent.regrow.rejoined = lambda again: calls.append(("rejoin", again))  # not let back
+        agent.heal.failed_over = lambda standing: call(("fail over",), True, standing)
+        # not let back
+        agent.heal.rejoined = lambda standing, again: call(("rejoin", again), False, standing)
         agent._finish = lambda outcome, code: calls.append(("finish", outcome, code)) or code
         return agent, calls
 
@@ -151,6 +152,6 @@ def test_the_agent_is_built_of_parts_that_hold_no_reference_to_it(scripted):
     say() is the one callable of the agent's they get)."""
     agent, _ = scripted(0)
     assert Agent.__bases__ == (object,)
-    parts = (agent.judge, agent.starts, agent.lead, agent.failover, agent.regrow, agent.ending)
+    parts = (agent.judge, agent.starts, agent.lead, agent.heal, agent.ending)
     for part in parts:
         assert all(held is not agent for held in vars(part).values()), part

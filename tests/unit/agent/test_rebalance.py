@@ -64,7 +64,7 @@ def test_a_slowed_host_gets_a_smaller_share_at_the_next_checkpoint(lead):
     assert not cause.get("restartable")
     assert not cause.get("gone")
 
-    lead.starts.weights = cause["rebalance"]  # as Regrow.regrown has it on every member
+    lead.starts.weights = cause["rebalance"]  # as Heal.regrown has it on every member
     lead.starts.start(cause)
     assert lead.started[-1][WEIGHTS_ENV] == "1,1,0.323"
     assert lead.starts.attempts[-1]["cause"] == "rebalanced"
