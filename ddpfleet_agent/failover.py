@@ -135,7 +135,6 @@ class Heal:
 
     def _back(self, said: dict, standing: Standing) -> tuple[bool, Standing]:
         self.say(f"back in the run at its generation {said['generation']}")
-        self.peers.members = list(said["nodes"])
-        self.records.storage_silent = False  # back on the network: its storage may be too
+        self.records.storage_back()  # the members are those said (Peers.welcomed)
         back = replace(standing, store_ok=True, left_out=False)
         return self.starts.regroup(said["generation"], back, None, [], weights=said.get("weights"))

@@ -212,6 +212,10 @@ class Membership:
         self._guarded(write)
 
     def welcomed(self) -> dict | None:
-        """This host's answer, once node rank 0 let it back in: {generation, nodes}."""
+        """This host's answer, once node rank 0 let it back in: {generation, nodes}; the
+        members are then the hosts it named."""
         found = self._guarded(lambda: self._get(f"welcome/{self.cfg.node_rank}"))
-        return found if found and found["generation"] > self.generation else None  # type: ignore
+        if not (found and found["generation"] > self.generation):  # type: ignore[index]
+            return None
+        self.members = list(found["nodes"])  # type: ignore[index]
+        return found  # type: ignore[return-value]

@@ -77,6 +77,10 @@ class Records:
         self.storage_silent = self.storage_silent or not answered
         return answered
 
+    def storage_back(self) -> None:
+        """This host is back on the network: its shared storage may answer again."""
+        self.storage_silent = False
+
     def log(self, line: str) -> None:
         """Append to nodes/<host>.log (queued) and to the fallback's <host>.log (at once)."""
         self.submit(lambda: self._append(line))

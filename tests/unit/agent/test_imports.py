@@ -5,7 +5,10 @@ supervise: the adapters take what they use, not the whole agent."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
+
+import pytest
 
 import ddpfleet_agent
 
@@ -57,3 +60,27 @@ def test_only_the_entry_points_import_supervise():
 
 def test_the_circle_finder_finds_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_no_module_sets_an_attribute_of_an_object_it_holds():
+    """Each part and adapter changes its own state only: no ``self.peers.members = ...`` (what
+    another object should know goes through a method of that object, or is handed back)."""
+    found = []
+    for path in sorted(PACKAGE.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            for target in targets:
+                for each in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    if isinstance(each, ast.Attribute) and isinstance(each.value, ast.Attribute):
+                        found.append(f"{path.name}:{node.lineno}: {ast.unparse(each)}")
+    assert found == []
+
+
+def test_the_attribute_finder_finds_one(tmp_path, monkeypatch):
+    part = "class P:\n    def f(self):\n        self.peers.members = []\n"
+    (tmp_path / "part.py").write_text(part)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
+    with pytest.raises(AssertionError, match=r"part.py:3: self.peers.members"):
+        test_no_module_sets_an_attribute_of_an_object_it_holds()
