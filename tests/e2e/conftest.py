@@ -100,9 +100,11 @@ class Sandbox:
 
     def playbook(self, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
         cmd = [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(self.inventory), *args]
+        # stdin: none. Ansible refuses to start on a non-blocking one, and what the tests were
+        # started from may have left it so (a train.yml once failed that way beside a shell job)
         return subprocess.run(
             cmd, cwd=self.root, env=self.env, capture_output=True, text=True,
-            timeout=timeout, check=False,
+            timeout=timeout, check=False, stdin=subprocess.DEVNULL,
         )  # fmt: skip
 
 

@@ -51,9 +51,9 @@ def start_train(sandbox: Any, rid: str, *args: str) -> subprocess.Popen[str]:
         str(sandbox.root / ".venv" / "bin" / "ansible-playbook"),
         "-i", str(sandbox.inventory), "train.yml", "-e", f"run_id={rid}", *FAST, *args,
     ]  # fmt: skip
-    return subprocess.Popen(
+    return subprocess.Popen(  # stdin: none, as Sandbox.playbook's (conftest.py)
         cmd, cwd=sandbox.root, env=sandbox.env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
+        stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
     )  # fmt: skip
 
 
