@@ -30,6 +30,11 @@ QUIET = 6  # intervals trained unloaded before the quota: none may rebalance
 # rebalanced for): every node's run container gets the same quota, under half a core, so equal
 # hosts are equal wherever they run. node3's is then cut to a quarter of it.
 EQUAL_CPUS, SLOW_CPUS = 0.4, 0.1
+# The quota is then lifted to a whole core: node3 fast again beyond doubt. Put back to
+# EQUAL_CPUS, node3 at its small share (4-6 images a step) measured a time per image too far
+# over the others' to pass the threshold in 2 of 4 runs (Xeon, 2026-12-02): a step's fixed
+# costs weigh more on a small share (docs/training.md says so of the detector).
+LIFTED_CPUS = 1.0
 
 
 def quota(cluster: Any, node: Any, rid: str, cpus: str) -> None:
@@ -60,7 +65,7 @@ def slowed(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict:
     attempts = wait_attempts(cluster, rid, 2, timeout=240)
     found = time.time() - slowed_at
     print(f"\nnode3 at {SLOW_CPUS} CPU -> first step with new shares: {found:.1f} s")
-    quota(cluster, slow, rid, str(EQUAL_CPUS))
+    quota(cluster, slow, rid, str(LIFTED_CPUS))
     lifted_at = time.time()
     attempts = wait_attempts(cluster, rid, 3, timeout=240)
     back = time.time() - lifted_at
