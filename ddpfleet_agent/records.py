@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from pathlib import Path
+from typing import TextIO
 
 from ddpfleet_agent.files import (
     STORAGE_READ_TIMEOUT,
@@ -54,6 +55,7 @@ class Records:
         # an earlier attempt's exit record would read as this one's until this one ends
         self._local(lambda d: (d / f"{host}.exit").unlink(missing_ok=True))
         self._queue: queue.Queue = queue.Queue()
+        self._log: TextIO | None = None  # nodes/<host>.log, opened on the first line
         threading.Thread(target=self._work, daemon=True).start()
         self.pending_progress = False
         self.storage_silent = False  # a read timed out: no more reads of the shared storage
@@ -95,8 +97,15 @@ class Records:
             _say(f"fallback write failed: {exc}")
 
     def _append(self, line: str) -> None:
-        self.nodes.mkdir(parents=True, exist_ok=True)
-        append_line(self.nodes / f"{self.host}.log", line, 0o644)
+        """Every line the ranks print comes here: the log stays open, not opened per line on
+        the shared storage."""
+        if self._log is None:
+            self.nodes.mkdir(parents=True, exist_ok=True)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+            fd = os.open(self.nodes / f"{self.host}.log", flags, 0o644)
+            self._log = os.fdopen(fd, "a", encoding="utf-8")
+        self._log.write(line if line.endswith("\n") else line + "\n")
+        self._log.flush()
 
     def write_exit(self, record: dict) -> None:
         """nodes/<host>.exit (queued) and the fallback's <host>.exit (at once)."""
