@@ -111,7 +111,7 @@ bench-decode: $(STAMP) $(JPEG_LIB) ## CPU JPEG decode benchmark: JPEGs/s per cor
 
 bench-balance: $(STAMP) ## Sandbox: one host slowed at launch (train_balance off vs auto), then mid-run (train_rebalance off vs auto)
 	$(BIN)/python bench/balance_bench.py
-	$(BIN)/python bench/balance_bench.py --mid-run --cpus 0.1 --image-size 64 --mid-run-steps 80 --slow-at 12
+	$(BIN)/python bench/balance_bench.py --mid-run --cpus 0.1 --image-size 64 --mid-run-steps 80 --slow-at 12 --min-hosts 2
 
 clean: ## Remove the venv and caches (not the sandbox: use sandbox-down)
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -80,6 +80,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0.4,
         help="--mid-run: every host's train_cpus before the slowdown",
     )
+    p.add_argument(
+        "--min-hosts",
+        type=int,
+        default=0,
+        help="--mid-run: train_min_hosts (2: a host too slow for a share may be left out)",
+    )
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args(argv)
     if args.mid_run and not 0 < args.slow_at < args.mid_run_steps:
@@ -184,9 +190,8 @@ def report_launch_time(args: argparse.Namespace, results: dict, balance: dict) -
 
 def mid_run(args: argparse.Namespace, stamp: str) -> int:
     node_container(args.slow_host)  # an unknown host fails here, before any launch
-    job = job_args(
-        args, args.mid_run_steps, train_log_every=4, train_checkpoint_every=4, train_follow="false"
-    )
+    job = job_args(args, args.mid_run_steps, train_log_every=4, train_checkpoint_every=4,
+                   train_follow="false", train_min_hosts=args.min_hosts)  # fmt: skip
     # the sandbox's nodes share its cores: the same quota on every host, under half a core,
     # makes equal hosts equal wherever the scheduler puts their ranks (tests/e2e/test_46)
     with tempfile.TemporaryDirectory(prefix="bench-balance-") as tmp:

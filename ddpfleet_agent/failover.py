@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from ddpfleet_agent.gate import Gate, check_command
 from ddpfleet_agent.machine import Standing
 from ddpfleet_agent.membership import StoreGone, StoreLost
 from ddpfleet_agent.regrow import ASK_EVERY
@@ -90,17 +91,20 @@ class Heal:
         ranks ended): restart from the newest checkpoint with them."""
         cause = standing.failure or {}
         joining = [int(n) for n in cause.get("regrow") or []]
+        leaving = [int(n) for n in cause.get("leave_out") or []]
         new = cause.get("rebalance") or {}
         weights = {str(h): float(w) for h, w in new.items()} if new else self.starts.weights
         after = len(self.starts.attempts)  # the generation of the restart
         back = " with every host back" if joining else ""
+        back += f" without {', '.join(self.cfg.hosts[n] for n in leaving)}" if leaving else ""
         self.say(f"{cause.get('reason')}: restart from the newest checkpoint{back}")
         if self.peers.leads:
             try:
                 self.peers.welcome(after, joining, weights)
             except StoreLost:
                 return False, replace(standing, store_ok=False)
-        return self.starts.regroup(after, standing, cause, [], joining=joining, weights=weights)
+        regroup = self.starts.regroup
+        return regroup(after, standing, cause, leaving, joining=joining, weights=weights)
 
     def rejoined(self, standing: Standing, again: bool = False) -> tuple[bool, Standing]:
         """A host cut off or left out, or whose agent was started ``again`` in the run: try the
@@ -108,29 +112,37 @@ class Heal:
         with the members it named (and the run's new shares); not when the run ended first, at
         the run's max_runtime or on a stop."""
         why = "started again in the run:" if again else "out of the run: its ranks are ended;"
-        self.say(f"{why} it asks to come back until the run ends")
+        cause = standing.failure or {}
+        slow = self.cfg.node_rank in (cause.get("leave_out") or [])
+        gate = Gate(check_command(self.cfg.command), self.say) if slow else None
+        when = " once doctor's compute check says it is fast again," if slow else ""
+        self.say(f"{why} it asks to come back{when} until the run ends")
         limit = self.cfg.max_runtime and (self.starts.began() or time.time()) + self.cfg.max_runtime
         connected = False
-        while not self.stopped() and not (limit and time.time() > limit):
-            try:
-                if not connected and self.peers.reconnect():
-                    connected = True
-                    if again:  # it goes on from its earlier agent's keepalive and answer
-                        self.peers.ran_before()
-                if connected and self.peers.run_over():
+        try:
+            while not self.stopped() and not (limit and time.time() > limit):
+                try:
+                    if not connected and self.peers.reconnect():
+                        connected = True
+                        if again:  # it goes on from its earlier agent's keepalive and answer
+                            self.peers.ran_before()
+                    if connected and self.peers.run_over():
+                        break
+                    said = self.peers.welcomed() if connected else None
+                    if said is not None:
+                        return self._back(said, standing)
+                    if connected and (gate is None or gate.passed(time.time())):
+                        self.peers.ask_to_join()
+                except StoreGone:
                     break
-                said = self.peers.welcomed() if connected else None
-                if said is not None:
-                    return self._back(said, standing)
-                if connected:
-                    self.peers.ask_to_join()
-            except StoreGone:
-                break
-            except StoreLost:
-                connected = False
-            if self.records.progress().get("state") == "ended":
-                break
-            time.sleep(ASK_EVERY)
+                except StoreLost:
+                    connected = False
+                if self.records.progress().get("state") == "ended":
+                    break
+                time.sleep(ASK_EVERY)
+        finally:  # a check still running is ended
+            if gate is not None:
+                gate.close()
         return False, standing
 
     def _back(self, said: dict, standing: Standing) -> tuple[bool, Standing]:

@@ -14,10 +14,10 @@ store, records), each of which reports back what happened as the next event::
 
 Bounds: from RUNNING, at most three transitions reach RUNNING or ENDED again. A way back to
 RUNNING costs a restart (FAIL_OVER, RESTART: ``failures.restart_refusal`` refuses past the
-allowed count), a regrow (node rank 0 ends a generation only for a host asking to come back,
-or to give the hosts new shares: ``failures.planned``) or a rejoin (this host was welcomed
-back by the run's store). FINISH is the last action of a transition to ENDED, and ENDED takes
-no event.
+allowed count), a regrow (node rank 0 ends a generation only for a host asking to come back, or
+to give the hosts new shares, a host too slow for one left out: ``failures.planned``) or a
+rejoin (this host was welcomed back by the run's store). FINISH is the last action of a
+transition to ENDED, and ENDED takes no event.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Taking a host back into a run that went on without it (``--min-hosts``), at a checkpoint;
-and new shares of the global batch for a host that became slow (``--rebalance``), the same way.
+and new shares of the global batch for a host that became slow (``--rebalance``), the same way,
+or, for one too slow to be worth a share, going on without it until it is fast again.
 
 ``Lead`` is node rank 0's watch for both (failover.Heal every member's way back). A host left
 out (cut off, judged gone, or its agent started again) keeps trying the run's store and asks to
@@ -33,14 +34,14 @@ def _host_times(ranks: list[list[dict]]) -> list[float]:
 class Lead:
     """Node rank 0's watch while the ranks run: hosts asking to come back (``join_wait``: they
     and the step saved when they asked), and stragglers (``watch``; ``rebalance_wait``: the new
-    weights, the speeds and the step saved when it decided)."""
+    weights, the speeds, the step saved when it decided and the host to leave out, if any)."""
 
     def __init__(self, cfg: AgentConfig, peers: Peers, say: Callable[[str], None]) -> None:
         self.cfg, self.peers, self.say = cfg, peers, say
         self.join_wait: tuple[list[int], float | None] | None = None
         self.join_checked = 0.0
         self.watch = stragglers.Watch()
-        self.rebalance_wait: tuple[dict, dict, float | None] | None = None
+        self.rebalance_wait: tuple[dict, dict, float | None, int | None] | None = None
 
     def restarted(self) -> None:
         """A new start of the ranks: the detector counts its intervals only."""
@@ -99,19 +100,35 @@ class Lead:
             if middle is not None:
                 named = zip((cfg.hosts[n] for n in members), middle, strict=True)
                 speed = stragglers.weights(dict(named))
-                self.rebalance_wait = ({**(weights or {}), **speed}, speed, saved)
+                out = self._too_slow(speed)
                 said = ", ".join(f"{h} {s:.2f}x" for h, s in speed.items())
-                self.say(f"hosts' speeds {said}: new shares at the run's next checkpoint")
+                what = "new shares" if out is None else f"{cfg.hosts[out]} left out"
+                self.say(f"hosts' speeds {said}: {what} at the run's next checkpoint")
+                # the host left out gets a full share again once its compute check passes
+                back = {} if out is None else {cfg.hosts[out]: 1.0}
+                self.rebalance_wait = ({**(weights or {}), **speed, **back}, speed, saved, out)
             return None
-        weights, speed, before = self.rebalance_wait
+        weights, speed, before, out = self.rebalance_wait
         if saved is None or saved == before:
             return None
         self.rebalance_wait = None
         if total and saved >= total:  # the ranks are ending the run
             return None
-        slowest = min(members, key=lambda n: speed.get(cfg.hosts[n], 1.0))
-        found = self._found(slowest, f"new shares after the checkpoint of step {int(saved)}")
-        return {**found, "rebalance": weights, "speeds": speed}
+        slowest = min(members, key=lambda n: speed.get(cfg.hosts[n], 1.0)) if out is None else out
+        what = "new shares" if out is None else f"{cfg.hosts[out]} left out"
+        found = self._found(slowest, f"{what} after the checkpoint of step {int(saved)}")
+        left = {} if out is None else {"leave_out": [out]}
+        return {**found, "rebalance": weights, "speeds": speed, **left}
+
+    def _too_slow(self, speed: dict[str, float]) -> int | None:
+        """The host to leave out rather than give a share (stragglers.too_slow): one the run
+        takes back (``--min-hosts``, ``--restarts``) and may go on without, not the store's."""
+        cfg, members = self.cfg, self.peers.members
+        if not cfg.takes_hosts_back or failures.too_few(len(members) - 1, cfg.min_hosts):
+            return None
+        may = [cfg.hosts[n] for n in members if n != self.peers.leader]
+        host = stragglers.too_slow(speed, may)
+        return None if host is None else cfg.hosts.index(host)
 
     def speed(self) -> float | None:
         """This host's speed relative to the median member's (the metrics), None unknown."""

@@ -6,12 +6,15 @@ new shares of the same global batch (``weights``), which is not counted as a res
 
 The measure is each host's own time per image (``sec_per_image``: the trainer's data wait and
 forward pass, not the all-reduce that makes every host as slow as the slowest). With shares
-``b`` and times ``t`` a step takes ``max(b * t)``; the balanced step is ``sum(b) / sum(1/t)``.
-A host's load is its step over the balanced one. Each host's figure is the median of its last
+``b`` and times ``t`` a step takes ``max(b * t)``; the balanced step is ``sum(b) / sum(1/t)``. A
+host's load is its step over the balanced one. Each host's figure is the median of its last
 ``WINDOW`` intervals (2-step intervals on the sandbox put a host 1.3x over in half of them,
 medians of 5 intervals of 4-6 steps never did); the run rebalances when a host's load was at
-least ``THRESHOLD`` in ``NEEDED`` evaluations in a row, at most ``MOST_PER_HOUR`` times an
-hour. The same rule gives a share back once the slow host is fast again.
+least ``THRESHOLD`` in ``NEEDED`` evaluations in a row, at most ``MOST_PER_HOUR`` times an hour;
+a host under ``LEAVE_OUT`` in NEEDED intervals in a row by themselves, at once. The same rule
+gives a share back once the slow host is fast again. A host slower than ``LEAVE_OUT`` is left
+out instead (``too_slow``), where the run may go on without it, and asks to come back once
+doctor's compute check in place is ``GAIN`` times its figure when left out (gate.py).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ THRESHOLD = 1.3  # a host's step over the balanced step: what a rebalance would 
 WINDOW = 5  # log intervals whose median time per image is each host's figure
 NEEDED = 2  # evaluations in a row over the threshold
 MOST_PER_HOUR = 4  # rebalances, whatever the intervals say
+LEAVE_OUT = 0.25  # a host under this speed (the median host's 1.0) is left out, not given a share
+GAIN = 2.0  # a host left out comes back once its compute check is this many times its first
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class Watch:
     times: tuple[tuple[float, ...], ...] = ()
     over: int = 0
     rebalanced: tuple[float, ...] = ()
+    far: int = 0  # intervals in a row with a host under LEAVE_OUT by themselves
 
     def restarted(self) -> Watch:
         """A new start of the ranks (any shares): its intervals only; the rebalances stay."""
@@ -68,13 +74,21 @@ def observe(
     known = tuple(float(t) for t in times if t)
     kept = tuple(h for h in watch.times if len(h) == len(known))  # the same hosts' figures
     history = (*kept, known)[-WINDOW:]
+    far = watch.far + 1 if min(speeds(known)) < LEAVE_OUT else 0
+    if far >= NEEDED and len(recent) < MOST_PER_HOUR:  # no noise comes near 4x: no window
+        return Watch(step=step, rebalanced=(*recent, now)), _medians(history[-NEEDED:])
     if len(history) < WINDOW:
-        return Watch(step=step, times=history, rebalanced=recent), None
-    middle = [statistics.median(host) for host in zip(*history, strict=True)]
+        return Watch(step=step, times=history, rebalanced=recent, far=far), None
+    middle = _medians(history)
     over = watch.over + 1 if max(loads(shares, middle)) >= THRESHOLD else 0
     if over >= NEEDED and len(recent) < MOST_PER_HOUR:
         return Watch(step=step, rebalanced=(*recent, now)), middle
-    return Watch(step=step, times=history, over=over, rebalanced=recent), None
+    return Watch(step=step, times=history, over=over, rebalanced=recent, far=far), None
+
+
+def _medians(history: Sequence[Sequence[float]]) -> list[float]:
+    """Each host's median of the intervals' figures."""
+    return [statistics.median(host) for host in zip(*history, strict=True)]
 
 
 def weights(times: Mapping[str, float]) -> dict[str, float]:
@@ -83,13 +97,21 @@ def weights(times: Mapping[str, float]) -> dict[str, float]:
     return {n: round(s, 3) for n, s in zip(names, speeds([times[n] for n in names]), strict=True)}
 
 
+def too_slow(speed: Mapping[str, float], may_leave: Sequence[str]) -> str | None:
+    """The slowest host of ``may_leave`` when it is under LEAVE_OUT: a share that small would
+    pace the others' steps on its fixed costs alone (its start, its all-reduce), else None."""
+    slow = [h for h in may_leave if speed.get(h, 1.0) < LEAVE_OUT]
+    return min(slow, key=lambda h: speed[h]) if slow else None
+
+
 def change_line(
     before: Mapping[str, int], after: Mapping[str, int], speed: Mapping[str, float]
 ) -> str:
-    """``rebalanced: node3 4 -> 2 (0.31x)``: each host whose share of a step changed."""
+    """``rebalanced: node3 4 -> 2 (0.31x)``: each host whose share of a step changed (``-> out``:
+    left out)."""
     moved = [
-        f"{h} {before[h]} -> {after[h]} ({speed.get(h, 1.0):.2f}x)"
-        for h in after
-        if h in before and before[h] != after[h]
+        f"{h} {before[h]} -> {after.get(h, 'out')} ({speed.get(h, 1.0):.2f}x)"
+        for h in before
+        if before[h] != after.get(h)
     ]
     return "rebalanced: " + (", ".join(moved) or "the shares stay as they were")

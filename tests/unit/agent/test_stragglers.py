@@ -122,3 +122,16 @@ def test_change_line_names_each_host_whose_share_changed_with_its_speed():
         {"node1": 1.0, "node2": 1.0, "node3": 0.31},
     )  # fmt: skip
     assert line == "rebalanced: node1 4 -> 5 (1.00x), node2 4 -> 5 (1.00x), node3 4 -> 2 (0.31x)"
+
+
+def test_a_host_under_a_quarter_of_the_others_speed_is_found_without_the_window():
+    """Two intervals in a row, from a start's second interval on: no noise comes near 4x."""
+    series = [[1.0, 1.0, 1.0], [1.0, 1.1, 4.5], [1.0, 0.9, 5.5]]
+    fired, _ = run(series, [32, 32, 32])
+    assert fired == [2]
+    watch, middle = observe(Watch(), 10, [32] * 3, [1.0] * 3, 0.0)
+    for step, times in ((20, [1.0, 1.0, 5.0]), (30, [1.0, 1.0, 5.0])):
+        watch, middle = observe(watch, step, [32] * 3, times, 1.0)
+    assert middle == [1.0, 1.0, 5.0]
+    series = [[1.0, 1.0, 1.0], [1.0, 1.0, 4.5], [1.0, 1.0, 1.0], [1.0, 1.0, 4.5]]
+    assert run(series, [32, 32, 32])[0] == []  # not in a row
