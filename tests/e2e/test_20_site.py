@@ -73,6 +73,21 @@ def test_testinfra_suite_passes(provisioned: PlaybookRun, sandbox: Any) -> None:
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
 
 
+def test_a_service_stopped_since_the_probe_is_started_again(
+    provisioned: PlaybookRun, sandbox: Any
+) -> None:
+    """A no-op re-run skips a start task only on preflight's word (ddpfleet_host_probe) that
+    the service is active and enabled: one stopped and disabled is started and enabled."""
+    node = sandbox.nodes[-1]
+    unit = "prometheus-node-exporter"
+    assert sandbox.ssh(node, f"systemctl disable --now {unit}").returncode == 0
+    run = run_site(sandbox, "--limit", node.name, "--tags", "preflight,monitoring")
+    assert run.rc == 0, run.tail()
+    assert run.recap[node.name]["changed"] == 1, run.tail()
+    state = sandbox.ssh(node, f"systemctl is-active {unit}; systemctl is-enabled {unit}")
+    assert state.stdout.split() == ["active", "enabled"], state.stdout + state.stderr
+
+
 def test_slurm_runs_one_task_on_every_trainer(provisioned: PlaybookRun, sandbox: Any) -> None:
     """The sandbox turns slurm_enabled on: munge, slurmctld and slurmd work across the nodes."""
     tasks = sandbox.ssh(sandbox.nodes[0], f"srun --nodes={len(sandbox.nodes)} hostname")

@@ -1,4 +1,4 @@
-"""Preflight's stdlib-only address and mount filters."""
+"""Preflight's stdlib-only address filters."""
 
 from __future__ import annotations
 
@@ -6,13 +6,6 @@ import pytest
 from plugin_loader import load_plugin
 
 preflight = load_plugin("ddpfleet_preflight_filters", "roles/preflight/filter_plugins/preflight.py")
-
-MOUNTS = [
-    {"mount": "/", "size_available": 10},
-    {"mount": "/var", "size_available": 20},
-    {"mount": "/var/lib/docker", "size_available": 30},
-    {"mount": "/var/lib/dockerish", "size_available": 40},
-]
 
 
 @pytest.mark.parametrize(
@@ -47,22 +40,3 @@ def test_is_ip(address: str, valid: bool) -> None:
 )
 def test_is_network(cidr: str, valid: bool) -> None:
     assert preflight.is_network(cidr) is valid
-
-
-@pytest.mark.parametrize(
-    ("path", "mount"),
-    [
-        ("/var/lib/docker", "/var/lib/docker"),
-        ("/var/lib/docker/overlay2", "/var/lib/docker"),
-        ("/var/lib/dock", "/var"),
-        ("/var/lib/dockerish/x", "/var/lib/dockerish"),
-        ("/srv/images", "/"),
-        ("/var/lib/docker/", "/var/lib/docker"),
-    ],
-)
-def test_mount_for_path_picks_the_longest_parent(path: str, mount: str) -> None:
-    assert preflight.mount_for_path(path, MOUNTS)["mount"] == mount
-
-
-def test_mount_for_path_without_a_match_is_empty() -> None:
-    assert preflight.mount_for_path("/data", [{"mount": "/boot"}]) == {}

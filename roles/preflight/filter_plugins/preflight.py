@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import posixpath
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -36,23 +34,6 @@ def is_network(cidr: Any) -> bool:
     return True
 
 
-def mount_for_path(path: str, mounts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The entry of ``ansible_facts.mounts`` whose mount point holds ``path``.
-
-    The path need not exist yet (/var/lib/docker before Docker is installed): the
-    longest mount point that is ``path`` or one of its parents wins. ``{}`` if none.
-    """
-    target = posixpath.normpath(str(path))
-    best: dict[str, Any] = {}
-    best_len = -1
-    for mount in mounts:
-        point = posixpath.normpath(str(mount.get("mount", "")))
-        inside = target == point or target.startswith(point.rstrip("/") + "/")
-        if inside and len(point) > best_len:
-            best, best_len = dict(mount), len(point)
-    return best
-
-
 class FilterModule:
     """Ansible entry point."""
 
@@ -61,5 +42,4 @@ class FilterModule:
             "ddpfleet_ip_in_network": ip_in_network,
             "ddpfleet_is_ip": is_ip_address,
             "ddpfleet_is_network": is_network,
-            "ddpfleet_mount_for_path": mount_for_path,
         }

@@ -1,0 +1,115 @@
+#!/usr/bin/python
+"""Read, in one module run, what preflight and the later roles would otherwise each ask for."""
+
+from __future__ import annotations
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+module: ddpfleet_host_probe
+short_description: Free space, installed packages and running services, in one module run
+description:
+- Reads the free space of the filesystem that holds C(disk_path), dpkg's status database and
+  systemd's unit states. site.yml's roles skip an apt task
+  when every package it asks for is installed, and a start task when its service is active and
+  enabled (each falls back to doing the work where the probe did not run, e.g. on another OS).
+- It only reads, so it runs in check mode too.
+options:
+  disk_path:
+    description: A path whose filesystem is measured; it need not exist yet (/var/lib/docker
+      before Docker is installed): its nearest existing parent is.
+    type: path
+    required: true
+  dpkg_status:
+    description: dpkg's status file.
+    type: path
+    default: /var/lib/dpkg/status
+author: ddpfleet
+"""
+
+RETURN = r"""
+disk:
+  description: The mount point holding C(disk_path) and the bytes available there to non-root
+    users (what Docker's images may fill), as the mount facts' C(size_available).
+  type: dict
+  returned: always
+packages:
+  description: Names of the packages dpkg has installed (status "install ok installed"); empty
+    where there is no dpkg.
+  type: list
+  elements: str
+  returned: always
+services:
+  description: Service units (e.g. docker.service) that are both active and enabled; empty where
+    systemctl does not answer.
+  type: list
+  elements: str
+  returned: always
+"""
+
+
+def disk(path: str) -> dict[str, object]:
+    """The mount point that holds ``path`` (or would, once created) and its available bytes."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    fs = os.statvfs(path)
+    mount = path
+    while not os.path.ismount(mount):
+        mount = os.path.dirname(mount)
+    return {"mount": mount, "size_available": fs.f_bavail * fs.f_frsize}
+
+
+def installed(status_text: str) -> list[str]:
+    """Package names whose dpkg status record says "install ok installed"."""
+    names = []
+    for record in status_text.split("\n\n"):
+        fields = dict(
+            line.split(": ", 1) for line in record.splitlines() if ": " in line and line[0] != " "
+        )
+        if fields.get("Status") == "install ok installed" and "Package" in fields:
+            names.append(fields["Package"])
+    return sorted(set(names))
+
+
+def up(units_text: str, files_text: str) -> list[str]:
+    """Units active in ``systemctl list-units`` and enabled in ``systemctl list-unit-files``
+    (both run with --plain --no-legend: UNIT LOAD ACTIVE SUB ... and UNIT STATE [PRESET])."""
+    active = {
+        r[0] for r in map(str.split, units_text.splitlines()) if len(r) > 2 and r[2] == "active"
+    }
+    enabled = {
+        r[0] for r in map(str.split, files_text.splitlines()) if len(r) > 1 and r[1] == "enabled"
+    }
+    return sorted(active & enabled)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "disk_path": {"type": "path", "required": True},
+            "dpkg_status": {"type": "path", "default": "/var/lib/dpkg/status"},
+        },
+        supports_check_mode=True,
+    )
+    packages: list[str] = []
+    if os.path.isfile(module.params["dpkg_status"]):
+        with open(module.params["dpkg_status"], encoding="utf-8", errors="replace") as f:
+            packages = installed(f.read())
+    services: list[str] = []
+    systemctl = module.get_bin_path("systemctl")
+    if systemctl:
+        common = ["--type=service", "--plain", "--no-legend", "--no-pager"]
+        rc1, units, _ = module.run_command([systemctl, "list-units", "--all", *common])
+        rc2, files, _ = module.run_command([systemctl, "list-unit-files", *common])
+        if rc1 == 0 and rc2 == 0:
+            services = up(units, files)
+    module.exit_json(
+        changed=False, disk=disk(module.params["disk_path"]), packages=packages, services=services
+    )
+
+
+if __name__ == "__main__":
+    main()

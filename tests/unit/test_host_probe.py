@@ -1,0 +1,106 @@
+"""preflight's host probe (roles/preflight/library/ddpfleet_host_probe.py): what it reads as
+installed and as running, and how the later roles' conditions act on it, run for real."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from plugin_loader import load_plugin, local_playbook
+
+probe = load_plugin("ddpfleet_host_probe", "roles/preflight/library/ddpfleet_host_probe.py")
+
+STATUS = """Package: docker.io
+Status: install ok installed
+Priority: optional
+Description: Linux container runtime
+ Status: install ok installed (a description line, not a field)
+
+Package: pigz
+Status: deinstall ok config-files
+Version: 2.6-1
+
+Package: munge
+Status: install ok half-configured
+
+Package: prometheus
+Status: install ok installed
+"""
+
+
+def test_only_fully_installed_packages_count() -> None:
+    assert probe.installed(STATUS) == ["docker.io", "prometheus"]
+
+
+def test_the_hosts_own_dpkg_database_reads() -> None:
+    status = Path("/var/lib/dpkg/status")
+    if not status.is_file():
+        pytest.skip("no dpkg on this host")
+    assert "dpkg" in probe.installed(status.read_text(encoding="utf-8", errors="replace"))
+
+
+UNITS = """docker.service          loaded    active   running Docker Application Container Engine
+munge.service           loaded    inactive dead    MUNGE authentication service
+slurmd.service          loaded    active   running Slurm node daemon
+auditd.service          not-found inactive dead    auditd.service
+prometheus.service      loaded    activating start-pre Monitoring system
+"""
+FILES = """docker.service             enabled  enabled
+munge.service              enabled  enabled
+slurmd.service             disabled enabled
+prometheus.service         enabled  enabled
+autovt@.service            alias    -
+"""
+
+
+def test_a_service_is_up_only_when_active_and_enabled() -> None:
+    # slurmd runs but is disabled, munge is enabled but stopped, prometheus is still starting:
+    # each one's start task must run.
+    assert probe.up(UNITS, FILES) == ["docker.service"]
+
+
+def test_the_roles_conditions_skip_only_what_is_done(tmp_path: Path) -> None:
+    """The same expressions as the roles' apt and start tasks: without the fact (a role run
+    without preflight) both run; with it, only a missing package or a stopped service runs."""
+    missing = "{} | difference(ddpfleet_host_state.packages | default([])) | length > 0"
+    stopped = "{} not in (ddpfleet_host_state.services | default([]))"
+    cases = {
+        "no-fact-apt": missing.format("['pigz']"),
+        "no-fact-start": stopped.format("'docker.service'"),
+    }
+    later = {
+        "installed": missing.format("['docker.io', 'prometheus']"),
+        "one-missing": missing.format("['docker.io', 'pigz']"),
+        "running": stopped.format("'docker.service'"),
+        "stopped": stopped.format("'munge.service'"),
+    }
+    state = {"packages": probe.installed(STATUS), "services": probe.up(UNITS, FILES)}
+
+    def tasks(conds: dict[str, str]) -> list[dict]:
+        return [{"ansible.builtin.debug": {"msg": f"RAN {k}"}, "when": v} for k, v in conds.items()]
+
+    play = [{"hosts": "localhost", "gather_facts": False, "tasks": [
+        *tasks(cases),
+        {"ansible.builtin.set_fact": {"ddpfleet_host_state": state}},
+        *tasks(later),
+    ]}]  # fmt: skip
+    book = tmp_path / "play.yml"
+    book.write_text(json.dumps(play))
+    out = local_playbook(book)
+    assert out.startswith("rc=0"), out
+    ran = {k for k in [*cases, *later] if f"RAN {k}" in out}
+    assert ran == {"no-fact-apt", "no-fact-start", "one-missing", "stopped"}, out
+
+
+def test_free_space_is_read_where_the_path_will_be(tmp_path: Path) -> None:
+    """A path that does not exist yet (/var/lib/docker before Docker) is measured on the
+    filesystem of its nearest parent, and named by that filesystem's mount point."""
+    later = tmp_path / "not" / "there" / "yet"
+    got = probe.disk(str(later))
+    fs = os.statvfs(tmp_path)
+    assert abs(got["size_available"] - fs.f_bavail * fs.f_frsize) < 64 * 1024 * 1024
+    assert os.path.ismount(got["mount"])
+    assert str(tmp_path).startswith(got["mount"].rstrip("/") + "/") or got["mount"] == "/"
+    assert probe.disk("/")["mount"] == "/"
