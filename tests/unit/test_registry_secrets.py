@@ -88,13 +88,34 @@ def run(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
         "_registry_systemd_dir": str(etc / "systemd"),
         "registry_storage_dir": str(workdir / "storage"),
     }
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        # The play includes the role's task files, not the role: its plugins are named here.
+        "ANSIBLE_ACTION_PLUGINS": str(ROLE / "action_plugins"),
+    }
     playbook = Path(sys.executable).with_name("ansible-playbook")
     return subprocess.run(
         [str(playbook), "-i", str(workdir / "hosts.yml"), str(workdir / "play.yml"),
          "-e", json.dumps(extra), *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
+
+
+def _task_outputs(out: str) -> dict[str, str]:
+    """What a run printed for each task, by the task's name."""
+    return {part.split("]", 1)[0]: part for part in out.split("TASK [")[1:]}
+
+
+def _generation_tasks() -> list[str]:
+    """The names of secrets.yml's tasks that make and renew the secrets (its block's)."""
+    tasks = yaml.safe_load((ROLE / "tasks" / "secrets.yml").read_text())
+    return [task["name"] for item in tasks for task in item.get("block", [])]
+
+
+def _skipped(out: str, name: str) -> bool:
+    printed = _task_outputs(out)[name]
+    return "skipping: [reg1]" in printed and not {"ok: [", "changed: ["} & set(printed.split())
 
 
 def _not_after(path: Path) -> dt.datetime:
@@ -129,6 +150,32 @@ def first_run(workdir: Path) -> subprocess.CompletedProcess[str]:
 
 def test_first_run_succeeds(first_run: subprocess.CompletedProcess[str]) -> None:
     assert first_run.returncode == 0, first_run.stdout[-3000:] + first_run.stderr[-2000:]
+
+
+def test_the_first_run_says_what_the_secrets_lack(
+    first_run: subprocess.CompletedProcess[str],
+) -> None:
+    assert first_run.returncode == 0
+    printed = _task_outputs(first_run.stdout)["Show what the secrets lack"]
+    assert "ca.key: missing" in printed
+    assert "registry.htpasswd: missing" in printed
+
+
+@pytest.mark.parametrize("args", [(), ("--check",)], ids=["run", "check mode"])
+def test_a_run_after_the_first_skips_the_generation_and_changes_nothing(
+    first_run: subprocess.CompletedProcess[str], workdir: Path, args: tuple[str, ...]
+) -> None:
+    assert first_run.returncode == 0
+    files = sorted((workdir / "secrets").iterdir())
+    before = [(path, path.stat().st_mtime_ns, path.read_bytes()) for path in files]
+    proc = run(workdir, *args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert len(_generation_tasks()) >= 10
+    for name in _generation_tasks():
+        assert _skipped(proc.stdout, name), _task_outputs(proc.stdout)[name]
+    assert " changed=0 " in proc.stdout
+    after = sorted((workdir / "secrets").iterdir())
+    assert [(path, path.stat().st_mtime_ns, path.read_bytes()) for path in after] == before
 
 
 def test_diff_shows_no_key_or_password_material(
@@ -166,6 +213,7 @@ def test_a_certificate_with_time_left_is_kept(
     proc = run(workdir)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert (secrets / "registry.crt").read_bytes() == kept
+    assert _skipped(proc.stdout, "Sign the registry's certificate with the cluster CA")
 
 
 def test_a_certificate_close_to_expiry_is_reissued_and_installed(
@@ -176,6 +224,8 @@ def test_a_certificate_close_to_expiry_is_reissued_and_installed(
     _sign_short_lived(secrets, RENEW_DAYS - 20)
     proc = run(workdir)
     assert proc.returncode == 0, proc.stdout[-3000:]
+    printed = _task_outputs(proc.stdout)["Show what the secrets lack"]
+    assert f"registry.crt: expires within {RENEW_DAYS} days" in printed
     now = dt.datetime.now(dt.timezone.utc)
     assert _not_after(secrets / "registry.crt") > now + dt.timedelta(days=RENEW_DAYS + 700)
     assert (etc / "registry.crt").read_bytes() == (secrets / "registry.crt").read_bytes()
