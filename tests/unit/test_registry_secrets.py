@@ -91,8 +91,9 @@ def run(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        # The play includes the role's task files, not the role: its plugins are named here.
-        "ANSIBLE_ACTION_PLUGINS": str(ROLE / "action_plugins"),
+        # The play includes the role's task files, not the role: its plugins are named here,
+        # beside the repository's own (ansible.cfg's, which this setting replaces).
+        "ANSIBLE_ACTION_PLUGINS": f"{ROLE / 'action_plugins'}:{ROOT / 'action_plugins'}",
     }
     playbook = Path(sys.executable).with_name("ansible-playbook")
     return subprocess.run(

@@ -9,10 +9,10 @@ from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
 module: ddpfleet_host_probe
-short_description: Free space, installed packages and running services, in one module run
+short_description: Free space, nvidia-smi, installed packages and running services, in one run
 description:
-- Reads the free space of the filesystem that holds C(disk_path), dpkg's status database and
-  systemd's unit states. site.yml's roles skip an apt task
+- Reads the free space of the filesystem that holds C(disk_path), whether nvidia-smi is there,
+  dpkg's status database and systemd's unit states. site.yml's roles skip an apt task
   when every package it asks for is installed, and a start task when its service is active and
   enabled (each falls back to doing the work where the probe did not run, e.g. on another OS).
 - It only reads, so it runs in check mode too.
@@ -22,6 +22,9 @@ options:
       before Docker is installed): its nearest existing parent is.
     type: path
     required: true
+  nvidia_smi:
+    description: Where nvidia-smi would be; C(nvidia_smi) says whether it is a file there.
+    type: path
   dpkg_status:
     description: dpkg's status file.
     type: path
@@ -34,6 +37,10 @@ disk:
   description: The mount point holding C(disk_path) and the bytes available there to non-root
     users (what Docker's images may fill), as the mount facts' C(size_available).
   type: dict
+  returned: always
+nvidia_smi:
+  description: Whether C(nvidia_smi) is a file (false when not asked).
+  type: bool
   returned: always
 packages:
   description: Names of the packages dpkg has installed (status "install ok installed"); empty
@@ -90,6 +97,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "disk_path": {"type": "path", "required": True},
+            "nvidia_smi": {"type": "path"},
             "dpkg_status": {"type": "path", "default": "/var/lib/dpkg/status"},
         },
         supports_check_mode=True,
@@ -106,8 +114,13 @@ def main() -> None:
         rc2, files, _ = module.run_command([systemctl, "list-unit-files", *common])
         if rc1 == 0 and rc2 == 0:
             services = up(units, files)
+    smi = module.params["nvidia_smi"]
     module.exit_json(
-        changed=False, disk=disk(module.params["disk_path"]), packages=packages, services=services
+        changed=False,
+        disk=disk(module.params["disk_path"]),
+        nvidia_smi=bool(smi) and os.path.isfile(smi),
+        packages=packages,
+        services=services,
     )
 
 
