@@ -58,6 +58,49 @@ def test_rerun_is_fast(rerun: PlaybookRun) -> None:
     assert rerun.wall_s <= within(RERUN_LIMIT_S)
 
 
+def _task_outcomes(stdout: str) -> dict[str, set[str]]:
+    """Each task's name ("role : task") and the outcomes its hosts printed (ok, skipping...)."""
+    outcomes: dict[str, set[str]] = {}
+    task = ""
+    for line in stdout.splitlines():
+        if match := re.match(r"TASK \[(.+?)\] \*", line):
+            task = match.group(1)
+            outcomes.setdefault(task, set())
+        elif task and (match := re.match(r"(ok|changed|skipping|fatal): \[", line)):
+            outcomes[task].add(match.group(1))
+    return outcomes
+
+
+def test_rerun_asks_each_node_once_for_what_is_done(rerun: PlaybookRun) -> None:
+    """What makes the no-op fast, checked as behaviour: after preflight's probe, no apt task and
+    no start task runs on any host, the controller's crypto tasks are skipped on the secrets
+    check, and each file task is one ddpfleet_files run that finds everything in place."""
+    outcomes = _task_outcomes(rerun.stdout)
+    assert outcomes[
+        "preflight : Read the free space, the installed packages and the running services"
+    ] == {"ok"}
+    skipped = [
+        "docker : Install the Docker engine",
+        "docker : Start and enable dockerd",
+        "registry : Install the CA tooling on every node",
+        "registry : Install the registry package",
+        "registry : Start and enable the registry",
+        "registry : Generate the cluster CA key",
+        "registry : Sign the registry's certificate with the cluster CA",
+        "nfs_server : Install the NFS server packages (apt)",
+        "nfs_server : Enable and start the NFS server",
+        "nfs_client : Install the NFS client packages (apt)",
+        "monitoring : Install the node exporter package",
+        "monitoring : Start and enable Prometheus",
+        "slurm : Install munge and the Slurm daemons and commands",
+        "slurm : Start and enable slurmd",
+    ]
+    assert {task: outcomes.get(task) for task in skipped} == {
+        task: {"skipping"} for task in skipped
+    }
+    assert outcomes["slurm : Write slurm.conf and gres.conf (the same on every node)"] == {"ok"}
+
+
 def test_testinfra_suite_passes(provisioned: PlaybookRun, sandbox: Any) -> None:
     proc = subprocess.run(
         [
