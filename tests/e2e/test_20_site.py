@@ -72,9 +72,10 @@ def _task_outcomes(stdout: str) -> dict[str, set[str]]:
 
 
 def test_rerun_asks_each_node_once_for_what_is_done(rerun: PlaybookRun) -> None:
-    """What makes the no-op fast, checked as behaviour: after preflight's probe, no apt task and
-    no start task runs on any host, the controller's crypto tasks are skipped on the secrets
-    check, and each file task is one ddpfleet_files run that finds everything in place."""
+    """What makes the no-op fast, checked as behaviour: after preflight's probe, no apt task, no
+    start task and no task making the storage's owner runs on any host, the controller's crypto
+    tasks are skipped on the secrets check, and each file task is one ddpfleet_files run that
+    finds everything in place."""
     outcomes = _task_outcomes(rerun.stdout)
     assert outcomes[
         "preflight : Read the free space, the installed packages and the running services"
@@ -90,6 +91,9 @@ def test_rerun_asks_each_node_once_for_what_is_done(rerun: PlaybookRun) -> None:
         "nfs_server : Install the NFS server packages (apt)",
         "nfs_server : Enable and start the NFS server",
         "nfs_client : Install the NFS client packages (apt)",
+        "nfs_server : Create the user that owns the shared directories",
+        "nfs_client : Create the group that owns the shared directories",
+        "nfs_client : Create the user that owns the shared directories",
         "monitoring : Install the node exporter package",
         "monitoring : Start and enable Prometheus",
         "slurm : Install munge and the Slurm daemons and commands",
@@ -116,19 +120,22 @@ def test_testinfra_suite_passes(provisioned: PlaybookRun, sandbox: Any) -> None:
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
 
 
-def test_a_service_stopped_since_the_probe_is_started_again(
-    provisioned: PlaybookRun, sandbox: Any
-) -> None:
-    """A no-op re-run skips a start task only on preflight's word (ddpfleet_host_probe) that
-    the service is active and enabled: one stopped and disabled is started and enabled."""
+def test_what_changed_since_the_probe_is_put_right(provisioned: PlaybookRun, sandbox: Any) -> None:
+    """A no-op re-run skips a start task, or a user task, only on preflight's word
+    (ddpfleet_host_probe) that the service is active and enabled, or the account as asked: a
+    service stopped and disabled is started and enabled, and the shared storage's owner given
+    another shell gets its own back."""
     node = sandbox.nodes[-1]
     unit = "prometheus-node-exporter"
-    assert sandbox.ssh(node, f"systemctl disable --now {unit}").returncode == 0
-    run = run_site(sandbox, "--limit", node.name, "--tags", "preflight,monitoring")
+    done = sandbox.ssh(node, f"systemctl disable --now {unit} && usermod -s /bin/sh ddpfleet")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = run_site(sandbox, "--limit", node.name, "--tags", "preflight,nfs,monitoring")
     assert run.rc == 0, run.tail()
-    assert run.recap[node.name]["changed"] == 1, run.tail()
+    assert run.recap[node.name]["changed"] == 2, run.tail()
     state = sandbox.ssh(node, f"systemctl is-active {unit}; systemctl is-enabled {unit}")
     assert state.stdout.split() == ["active", "enabled"], state.stdout + state.stderr
+    owner = sandbox.ssh(node, "getent passwd ddpfleet").stdout.strip()
+    assert owner.endswith(":/nonexistent:/usr/sbin/nologin"), owner
 
 
 def test_slurm_runs_one_task_on_every_trainer(provisioned: PlaybookRun, sandbox: Any) -> None:

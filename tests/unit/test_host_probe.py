@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 from plugin_loader import load_plugin, local_playbook
 
 probe = load_plugin("ddpfleet_host_probe", "roles/preflight/library/ddpfleet_host_probe.py")
@@ -64,7 +65,7 @@ def test_a_service_is_up_only_when_active_and_enabled() -> None:
 def test_the_roles_conditions_skip_only_what_is_done(tmp_path: Path) -> None:
     """The same expressions as the roles' apt and start tasks: without the fact (a role run
     without preflight) both run; with it, only a missing package or a stopped service runs."""
-    missing = "{} | difference(ddpfleet_host_state.packages | default([])) | length > 0"
+    missing = "{} is not subset(ddpfleet_host_state.packages | default([]))"
     stopped = "{} not in (ddpfleet_host_state.services | default([]))"
     cases = {
         "no-fact-apt": missing.format("['pigz']"),
@@ -104,3 +105,86 @@ def test_free_space_is_read_where_the_path_will_be(tmp_path: Path) -> None:
     assert os.path.ismount(got["mount"])
     assert str(tmp_path).startswith(got["mount"].rstrip("/") + "/") or got["mount"] == "/"
     assert probe.disk("/")["mount"] == "/"
+
+
+PASSWD = """root:x:0:0:root:/root:/bin/bash
+# a comment line
++@netgroup::::::
+ddpfleet:x:2000:2000::/nonexistent:/usr/sbin/nologin
+short:x:1
+"""
+GROUP = """root:x:0:
+ddpfleet:x:2000:
+docker:x:999:ops
+"""
+
+
+def test_local_accounts_read_as_numbers_home_and_shell() -> None:
+    users = probe.accounts(PASSWD, (2, 3, 5, 6))
+    assert users == {
+        "root": [0, 0, "/root", "/bin/bash"],
+        "ddpfleet": [2000, 2000, "/nonexistent", "/usr/sbin/nologin"],
+    }
+    assert {k: v[0] for k, v in probe.accounts(GROUP, (2,)).items()} == {
+        "root": 0, "ddpfleet": 2000, "docker": 999,
+    }  # fmt: skip
+
+
+def _when(path: str, name: str) -> str:
+    tasks = yaml.safe_load(Path(path).read_text())
+    return next(t["when"] for t in tasks if t["name"] == name).strip()
+
+
+OWNER_TASKS = {
+    "group": "Create the group that owns the shared directories",
+    "user": "Create the user that owns the shared directories",
+}
+
+
+def test_the_owner_account_tasks_run_unless_the_account_is_as_asked(tmp_path: Path) -> None:
+    """The nfs roles' own conditions (read from their task files), run by ansible: the group
+    and user tasks run without the fact, for a missing account and for one that differs in
+    any field the task sets; they skip only an account exactly as asked."""
+    conds = {
+        kind: _when("roles/nfs_client/tasks/owner.yml", name) for kind, name in OWNER_TASKS.items()
+    }
+    server = {
+        kind: _when("roles/nfs_server/tasks/directories.yml", name).replace(
+            "_nfs_server_", "_nfs_client_"
+        )
+        for kind, name in OWNER_TASKS.items()
+    }
+    assert server == conds  # the two roles decide alike
+    users = probe.accounts(PASSWD, (2, 3, 5, 6))
+    groups = {k: v[0] for k, v in probe.accounts(GROUP, (2,)).items()}
+    cases = {
+        "as-asked": (users, groups),
+        "missing": ({}, {}),
+        "other-uid": ({"ddpfleet": [2001, 2000, "/nonexistent", "/usr/sbin/nologin"]}, groups),
+        "other-shell": ({"ddpfleet": [2000, 2000, "/nonexistent", "/bin/bash"]}, groups),
+        "other-gid": (users, {"ddpfleet": 2001}),
+    }
+    fixed = {"nfs_owner_name": "ddpfleet", "nfs_owner_uid": "2000", "nfs_owner_gid": 2000,
+             "_nfs_client_nologin": "/usr/sbin/nologin"}  # fmt: skip
+    tasks: list[dict] = [
+        {"ansible.builtin.debug": {"msg": f"RAN nofact-{kind}"}, "when": cond}
+        for kind, cond in conds.items()
+    ]
+    for case, (u, g) in cases.items():
+        tasks.append(
+            {"ansible.builtin.set_fact": {"ddpfleet_host_state": {"users": u, "groups": g}}}
+        )
+        tasks += [
+            {"ansible.builtin.debug": {"msg": f"RAN {case}-{kind}"}, "when": cond}
+            for kind, cond in conds.items()
+        ]
+    play = [{"hosts": "localhost", "gather_facts": False, "vars": fixed, "tasks": tasks}]
+    book = tmp_path / "play.yml"
+    book.write_text(json.dumps(play))
+    out = local_playbook(book)
+    assert out.startswith("rc=0"), out
+    ran = {line.split("RAN ", 1)[1].split('"')[0] for line in out.splitlines() if "RAN " in line}
+    assert ran == {
+        "nofact-group", "nofact-user", "missing-group", "missing-user",
+        "other-uid-user", "other-shell-user", "other-gid-group",
+    }, out  # fmt: skip

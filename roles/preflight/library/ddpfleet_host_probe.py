@@ -9,12 +9,14 @@ from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
 module: ddpfleet_host_probe
-short_description: Free space, nvidia-smi, installed packages and running services, in one run
+short_description: Free space, nvidia-smi, packages, services and local accounts, in one run
 description:
 - Reads the free space of the filesystem that holds C(disk_path), whether nvidia-smi is there,
-  dpkg's status database and systemd's unit states. site.yml's roles skip an apt task
-  when every package it asks for is installed, and a start task when its service is active and
-  enabled (each falls back to doing the work where the probe did not run, e.g. on another OS).
+  dpkg's status database, systemd's unit states and the local user and group files. site.yml's
+  roles skip an apt task when every package it asks for is installed, a start task when its
+  service is active and enabled, and a user or group task when the local account is already as
+  asked (each falls back to doing the work where the probe did not run, e.g. on another OS, or
+  where an account is not in the local files).
 - It only reads, so it runs in check mode too.
 options:
   disk_path:
@@ -29,6 +31,14 @@ options:
     description: dpkg's status file.
     type: path
     default: /var/lib/dpkg/status
+  passwd:
+    description: The local user database.
+    type: path
+    default: /etc/passwd
+  group:
+    description: The local group database.
+    type: path
+    default: /etc/group
 author: ddpfleet
 """
 
@@ -53,6 +63,14 @@ services:
     systemctl does not answer.
   type: list
   elements: str
+  returned: always
+users:
+  description: Each local user's C([uid, gid, home, shell]), by name.
+  type: dict
+  returned: always
+groups:
+  description: Each local group's gid, by name.
+  type: dict
   returned: always
 """
 
@@ -93,19 +111,36 @@ def up(units_text: str, files_text: str) -> list[str]:
     return sorted(active & enabled)
 
 
+def accounts(text: str, fields: tuple[int, ...]) -> dict[str, list[object]]:
+    """name -> the chosen colon-separated fields of a passwd or group file (numbers as ints)."""
+    out: dict[str, list[object]] = {}
+    for line in text.splitlines():
+        row = line.split(":")
+        if len(row) > max(fields) and row[0] and not row[0].startswith(("#", "+", "-")):
+            out[row[0]] = [int(row[i]) if row[i].isdigit() else row[i] for i in fields]
+    return out
+
+
+def read(path: str) -> str:
+    """The file's text, or "" where it is missing."""
+    if not os.path.isfile(path):
+        return ""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "disk_path": {"type": "path", "required": True},
             "nvidia_smi": {"type": "path"},
             "dpkg_status": {"type": "path", "default": "/var/lib/dpkg/status"},
+            "passwd": {"type": "path", "default": "/etc/passwd"},
+            "group": {"type": "path", "default": "/etc/group"},
         },
         supports_check_mode=True,
     )
-    packages: list[str] = []
-    if os.path.isfile(module.params["dpkg_status"]):
-        with open(module.params["dpkg_status"], encoding="utf-8", errors="replace") as f:
-            packages = installed(f.read())
+    packages = installed(read(module.params["dpkg_status"]))
     services: list[str] = []
     systemctl = module.get_bin_path("systemctl")
     if systemctl:
@@ -121,6 +156,8 @@ def main() -> None:
         nvidia_smi=bool(smi) and os.path.isfile(smi),
         packages=packages,
         services=services,
+        users=accounts(read(module.params["passwd"]), (2, 3, 5, 6)),
+        groups={k: v[0] for k, v in accounts(read(module.params["group"]), (2,)).items()},
     )
 
 
