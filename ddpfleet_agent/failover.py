@@ -118,7 +118,7 @@ class Heal:
         when = " once doctor's compute check says it is fast again," if slow else ""
         self.say(f"{why} it asks to come back{when} until the run ends")
         limit = self.cfg.max_runtime and (self.starts.began() or time.time()) + self.cfg.max_runtime
-        connected = False
+        connected = asked = False
         try:
             while not self.stopped() and not (limit and time.time() > limit):
                 try:
@@ -133,6 +133,7 @@ class Heal:
                         return self._back(said, standing)
                     if connected and (gate is None or gate.passed(time.time())):
                         self.peers.ask_to_join()
+                        asked = True
                 except StoreGone:
                     break
                 except StoreLost:
@@ -143,7 +144,9 @@ class Heal:
         finally:  # a check still running is ended
             if gate is not None:
                 gate.close()
-        return False, standing
+        # one that asked and was not let back before the end was left out, however it got here
+        # (its store lost to it while it was frozen, or told it left out)
+        return False, replace(standing, left_out=standing.left_out or asked)
 
     def _back(self, said: dict, standing: Standing) -> tuple[bool, Standing]:
         self.say(f"back in the run at its generation {said['generation']}")
