@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -32,6 +33,7 @@ TRAINER_BASE_REPO = "ddpfleet/trainer-base"
 TRAINER_BASE_ARCHIVE = "trainer-base.tar"
 BUILDERS = ("auto", "dockerfile", "debootstrap")
 _chosen: dict[str, str] = {}
+_choosing = threading.Lock()  # the node image and the trainer base are built side by side
 
 
 def _packages(name: str) -> list[str]:
@@ -54,14 +56,15 @@ def _pullable(image: str) -> bool:
 
 def builder() -> str:
     """``dockerfile`` when the base image is here or can be pulled, else ``debootstrap``."""
-    if "builder" not in _chosen:
-        choice = os.environ.get("SANDBOX_IMAGE_BUILDER", "auto")
-        if choice not in BUILDERS:
-            raise SandboxError(f"SANDBOX_IMAGE_BUILDER must be one of {', '.join(BUILDERS)}")
-        if choice == "auto":
-            choice = "dockerfile" if _pullable(base_image()) else "debootstrap"
-        _chosen["builder"] = choice
-    return _chosen["builder"]
+    with _choosing:
+        if "builder" not in _chosen:
+            choice = os.environ.get("SANDBOX_IMAGE_BUILDER", "auto")
+            if choice not in BUILDERS:
+                raise SandboxError(f"SANDBOX_IMAGE_BUILDER must be one of {', '.join(BUILDERS)}")
+            if choice == "auto":
+                choice = "dockerfile" if _pullable(base_image()) else "debootstrap"
+            _chosen["builder"] = choice
+        return _chosen["builder"]
 
 
 def recipe_hash(*files: str) -> str:
@@ -129,7 +132,9 @@ def _build_tarball(tag: str, packages_file: str, setup: str | None, cache: Path)
     print(f"sandbox: building {tag} with debootstrap (1-3 minutes)…", flush=True)
     with tempfile.TemporaryDirectory(dir=cache, prefix="rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
-        _debootstrap(rootfs, _packages(packages_file), cache / "debs")
+        # a .deb cache of its own: the other image's debootstrap may run at the same time
+        debs = cache / "debs" / packages_file.removesuffix(".packages")
+        _debootstrap(rootfs, _packages(packages_file), debs)
         if setup is not None:
             init = rootfs / "usr/local/sbin/ddpfleet-node-init"
             shutil.copyfile(RECIPE / "node-init.sh", init)
