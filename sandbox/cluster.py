@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 
 from sandbox import images, inventory, nodes, preflight, wheelhouse
 from sandbox.dockercli import (
@@ -80,23 +81,22 @@ def build_images(settings: Settings) -> None:
     with _exclusive(settings):
         started = time.monotonic()
         engine_version()
-        node, (base, _), _ = _made_side_by_side(settings, wheelhouse_too=False)
+        node, (base, _) = _made_side_by_side(settings, wheelhouse_too=False)
         print(f"sandbox: images {node} and {base} ready in {time.monotonic() - started:.0f}s")
 
 
-def _made_side_by_side(settings: Settings, wheelhouse_too: bool) -> tuple:
-    """The node image, the trainer base (tag, archive) and the wheelhouse (None unless asked),
+def _made_side_by_side(settings: Settings, wheelhouse_too: bool) -> tuple[str, tuple[str, Path]]:
+    """The node image's tag and the trainer base's (tag, archive), and the wheelhouse if asked,
     each made when missing, all at once: the two debootstraps and pip mostly wait on mirrors
     and the disk (one after another they took 94 s, 79 s and 22 s of a cold `make demo`)."""
     with ThreadPoolExecutor(max_workers=3) as pool:
         node = pool.submit(images.ensure_node_image, settings.cache)
         base = pool.submit(images.ensure_trainer_base, settings.cache)
-        wheels = None
         if wheelhouse_too:
             requirements = settings.root / "requirements.txt"
-            wheels = pool.submit(wheelhouse.ensure, settings.wheelhouse, requirements)
+            pool.submit(wheelhouse.ensure, settings.wheelhouse, requirements).result()
         # a failure is raised once the others have ended too (leaving the pool waits for them)
-        return node.result(), base.result(), wheels and wheels.result()
+        return node.result(), base.result()
 
 
 def _up(settings: Settings) -> None:
@@ -120,7 +120,7 @@ def _up(settings: Settings) -> None:
             images.cached(settings.cache),
         )
 
-    image, (base_tag, archive), _ = _made_side_by_side(settings, wheelhouse_too=True)
+    image, (base_tag, archive) = _made_side_by_side(settings, wheelhouse_too=True)
     public_key = _ensure_key(settings)
 
     if not have_network:
