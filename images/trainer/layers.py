@@ -1,9 +1,9 @@
 """Install the image's Python stack straight into its venv, one image layer per call.
 
-The stack is ~5.8 GB installed. As one layer, dockerd compresses it on one core for minutes per
-push and every trainer unpacks it on one core per pull; a builder stage copied into the final
+The stack is ~5.8 GB installed. As one layer, every trainer would fetch and unpack it on one
+core per pull, and any change to it would move all of it; a builder stage copied into the final
 stage writes it twice. So the Dockerfile installs it in place, in a few RUN steps of similar
-size (layers of a push and a pull go side by side), each one:
+size (the layers of a pull go side by side), each one:
 
     python layers.py plan             # resolve requirements.txt once: what pip would install
     python layers.py install N        # install layer N's share of that (N = 1 .. LAYERS)

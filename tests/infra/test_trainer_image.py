@@ -167,6 +167,22 @@ def test_registry_holds_the_hash_and_the_moving_tag(
     assert by_hash["config"]["digest"] == moving["config"]["digest"]
 
 
+def test_registry_holds_the_layers_uncompressed(host: Any, image: dict[str, Any], ref: str) -> None:
+    """Pushed as the tars Docker keeps (no gzip to make, none for each pull to undo): each
+    layer's digest is its diff ID, in the image's order."""
+    if not image["is_builder"]:
+        pytest.skip("the registry host checks the registry")
+    layers = manifest(host, ref)["layers"]
+    assert {layer["mediaType"] for layer in layers} == {
+        "application/vnd.docker.image.rootfs.diff.tar"
+    }
+    inspected = host.run(
+        f"docker image inspect --format '{{{{json .RootFS.Layers}}}}' {shlex.quote(ref)}"
+    )
+    assert inspected.rc == 0, inspected.stderr
+    assert [layer["digest"] for layer in layers] == json.loads(inspected.stdout)
+
+
 def test_build_context_is_private_and_holds_no_wheelhouse(
     host: Any, image: dict[str, Any], ref: str
 ) -> None:
