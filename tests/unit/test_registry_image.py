@@ -253,3 +253,14 @@ def test_check_mode_reports_an_image_not_built_yet_as_to_be_pushed(
     with pytest.raises(client.RegistryError, match="not on this host"):
         client.publish(registry, "node1:5000/x:abc", "abc", None, check=False)
     assert registry.sent == []
+
+
+def test_only_an_overlay2_store_with_its_layer_database_is_read(tmp_path: Path) -> None:
+    """docker info's "<driver> <root>": the overlay2 store is read where its layerdb is there;
+    another driver, an empty or one-field answer, or a root without a layerdb: docker push."""
+    (tmp_path / "image" / "overlay2" / "layerdb").mkdir(parents=True)
+    assert client.overlay2_root(f"overlay2 {tmp_path}\n") == str(tmp_path)
+    assert client.overlay2_root(f"overlayfs {tmp_path}\n") is None  # the containerd store
+    assert client.overlay2_root("overlay2 /nonexistent\n") is None
+    assert client.overlay2_root("overlay2\n") is None
+    assert client.overlay2_root("") is None

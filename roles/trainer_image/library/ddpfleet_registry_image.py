@@ -237,15 +237,20 @@ def local_image(ref: str) -> tuple[str, list[str], str | None]:
         ["docker", "info", "--format", "{{.Driver}} {{.DockerRootDir}}"],
         capture_output=True,
         text=True,
-        check=True,
-    ).stdout.split()
-    overlay2 = len(info) == 2 and info[0] == "overlay2"
-    layers = os.path.join(info[-1], "image", "overlay2", "layerdb")
-    return (
-        image["Id"],
-        image["RootFS"]["Layers"],
-        info[1] if overlay2 and os.path.isdir(layers) else None,
+        check=False,
     )
+    if info.returncode != 0:
+        raise RegistryError(f"docker info failed: {info.stderr.strip()}")
+    return image["Id"], image["RootFS"]["Layers"], overlay2_root(info.stdout)
+
+
+def overlay2_root(info: str) -> str | None:
+    """Docker's root directory, from ``docker info``'s "<driver> <root>", where its image
+    store is the classic overlay2 one; None for any other store, or an answer without both."""
+    driver, _, root = info.strip().partition(" ")
+    if driver != "overlay2" or not root:
+        return None
+    return root if os.path.isdir(os.path.join(root, "image", "overlay2", "layerdb")) else None
 
 
 def chain_ids(diff_ids: list[str]) -> list[str]:
