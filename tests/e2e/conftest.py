@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:  # `python -m sandbox` lives at the repository roo
     sys.path.insert(0, str(ROOT))
 
 # `provisioned`: site.yml applied once; FIRST_SITE_SLOWEST: its slowest tasks, for the summary
-from site_fixtures import FIRST_SITE_SLOWEST, provisioned  # noqa: E402, F401
+from site_fixtures import FIGURES, FIRST_SITE_SLOWEST, provisioned  # noqa: E402, F401
 from train_fixtures import cluster  # noqa: E402, F401 - `cluster`: provisioned, cleaned after
 
 from sandbox.settings import make_settings  # noqa: E402
@@ -172,9 +172,10 @@ def pytest_sessionfinish() -> None:
     shutil.rmtree(MUX_DIR, ignore_errors=True)
 
 
-# Where the tier's time goes, printed at its end (CI's output included): each module's wall
-# time from its first test's setup to its last test's teardown. A session fixture counts in
-# the module that first needs it (site.yml in test_20_site.py).
+# Where the tier's time goes, printed at its end (CI's output included): the headline figures
+# (the first and the no-op site.yml, the synthetic train.yml, launch to first step), then each
+# module's wall time from its first test's setup to its last test's teardown. A session fixture
+# counts in the module that first needs it (site.yml in test_20_site.py).
 _MODULE_SPANS: dict[str, list[float]] = {}
 
 
@@ -189,6 +190,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if FIGURES:
+        terminalreporter.section("e2e figures")
+        for line in FIGURES:
+            terminalreporter.write_line(line)
     if not _MODULE_SPANS:
         return
     terminalreporter.section("e2e time per module")

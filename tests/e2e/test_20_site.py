@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from site_fixtures import PlaybookRun, run_site
+from site_fixtures import PlaybookRun, figure, run_site
 from time_bounds import within
 
 # What a no-op re-run may take: it took 58 s on the 2-core EPYC (2026-11-23) and 117-123 s on
@@ -30,7 +30,7 @@ BAD_CIDR = "192.0.2.0/24"  # TEST-NET-1: never the sandbox's subnet
 @pytest.fixture(scope="module")
 def rerun(provisioned: PlaybookRun, sandbox: Any) -> PlaybookRun:
     run = run_site(sandbox)
-    print(f"\nsite.yml no-op re-run: {run.wall_s:.1f} s, rc {run.rc}")
+    figure(f"site.yml no-op re-run: {run.wall_s:.1f} s, rc {run.rc}")
     return run
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from site_fixtures import PlaybookRun, parse_recap, run_site
+from site_fixtures import PlaybookRun, figure, parse_recap, run_site
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from time_bounds import within
 from train_fixtures import FAST, SHARED, STAMP, run_id
@@ -233,7 +233,7 @@ def synthetic(cluster: Any) -> tuple[str, PlaybookRun, PlaybookRun]:
     time.sleep(0.5)
     second = start_train(cluster, rid, *args)
     run, other = started(first, since), started(second, since)
-    print(f"\ntrain.yml synthetic run: {run.wall_s:.1f} s, rc {run.rc}")
+    figure(f"train.yml synthetic run: {run.wall_s:.1f} s, rc {run.rc}")
     return rid, run, other
 
 
@@ -258,7 +258,7 @@ def test_synthetic_run_completes_on_every_node(cluster: Any, synthetic) -> None:
     assert containers(cluster, rid) == {}
     ended = progress(cluster, rid)
     assert (ended["state"], ended["status"]) == ("ended", "completed")  # node rank 0's word
-    print(f"launch to first step: {launch_to_first_step(cluster, rid):.1f} s")
+    figure(f"launch to first step: {launch_to_first_step(cluster, rid):.1f} s")
 
 
 def test_two_train_yml_at_once_launch_the_run_once(cluster: Any, synthetic) -> None:
@@ -353,7 +353,7 @@ def killed(cluster: Any) -> dict:
     finally:
         if proc.poll() is None:
             proc.kill()
-    print(f"\nrank container killed, nobody following -> every container gone: {gone_s:.1f} s")
+    figure(f"rank container killed, nobody following -> every container gone: {gone_s:.1f} s")
     return {"rid": rid, "victim": victim, "gone_s": gone_s}
 
 
@@ -438,7 +438,7 @@ def test_rerun_of_a_failed_run_resumes_without_following_and_status_reports_it_l
     assert f"run {rid} launched; follow it with status.yml -e run_id={rid}" in run.stdout
     running = containers(cluster, rid)  # train.yml returned while the run goes on
     assert set(running) == {n.name for n in cluster.nodes}
-    print(f"\ntrain.yml -e train_follow=false: {run.wall_s:.1f} s including preflight")
+    figure(f"train.yml -e train_follow=false: {run.wall_s:.1f} s including preflight")
     assert run.wall_s < within(120)
     deadline = time.monotonic() + within(300)
     while progress(cluster, rid).get("state") != "ended" or containers(cluster, rid):
@@ -520,7 +520,7 @@ def stopped(cluster: Any, long_val: str) -> dict:
         for p in (proc, attached):
             if p is not None and p.poll() is None:
                 p.kill()
-    print(f"\nstop.yml during validation (step {at.get('step')}): {stop.wall_s:.1f} s")
+    figure(f"stop.yml during validation (step {at.get('step')}): {stop.wall_s:.1f} s")
     return {"rid": rid, "status": status, "stop": stop, "train_rc": proc.returncode,
             "train_out": out, "attached_rc": attached.returncode, "attached_out": attached_out,
             "args": args, "metrics": metrics}  # fmt: skip
@@ -692,7 +692,7 @@ def test_validation_longer_than_the_heartbeat_timeout_is_no_stall(
     assert resumed.rc == 0, resumed.tail()
     assert summary(cluster, stopped["rid"])["status"] == "completed"
     took = validation_seconds(cluster, stopped["rid"])
-    print(f"\nvalidation pass: {took:.0f} s with a heartbeat timeout of {HB_TIMEOUT} s")
+    figure(f"validation pass: {took:.0f} s with a heartbeat timeout of {HB_TIMEOUT} s")
     assert took > HB_TIMEOUT  # otherwise this run proves nothing: make the split bigger
 
 
@@ -759,7 +759,7 @@ def refused(cluster: Any) -> dict[str, PlaybookRun]:
             held.enter_context(port_held(cluster, cluster.nodes[node], port))
         futures = {name: pool.submit(train, cluster, *args) for name, args in calls.items()}
         runs = {name: future.result() for name, future in futures.items()}
-    print("\nrefused train.yml runs side by side: " + ", ".join(
+    figure("refused train.yml runs side by side: " + ", ".join(
         f"{name} {run.wall_s:.0f} s" for name, run in runs.items()
     ))  # fmt: skip
     return runs

@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 import pytest
-from site_fixtures import run_site
+from site_fixtures import figure, run_site
 from test_30_train import (
     bundle,
     containers,
@@ -109,12 +109,12 @@ def cut_off(cluster: Any) -> dict:
     try:
         wait_attempts(cluster, rid, 2, timeout=PEER_TIMEOUT + 30 + 60)
         went_on = time.time() - cut_at
-        print(f"\nnode cut off -> the run trained on without it: {went_on:.1f} s")
+        figure(f"node cut off -> the run trained on without it: {went_on:.1f} s")
         waiting = containers(cluster, rid, [victim]).get(victim.name, [])
     finally:
         drop_peers(cluster, victim, "-D")
     back = wait_attempts(cluster, rid, 3)[2]
-    print(f"node back -> first step with it: {back['heal_sec']} s")
+    figure(f"node back -> first step with it: {back['heal_sec']} s")
     # then its container is killed (lost with its machine): the run goes on without it again,
     # and a re-run of train.yml, which attaches, launches it again into the run
     kill = cluster.ssh(victim, f"docker kill ddpfleet-{rid}-{victim.name}")
@@ -124,13 +124,13 @@ def cut_off(cluster: Any) -> dict:
     again = train(cluster, rid, "-e", "train_follow=false")
     assert again.rc == 0, again.tail()
     last = wait_attempts(cluster, rid, 5, timeout=180)[4]
-    print(f"container launched again -> first step with it: {last['heal_sec']} s")
+    figure(f"container launched again -> first step with it: {last['heal_sec']} s")
     stop = run_site(cluster, "-e", f"run_id={rid}", playbook="stop.yml")
     assert stop.rc == 0, stop.tail()
     wait_gone(cluster, rid, 60)
     data = summary(cluster, rid)
     steps = [(len(a["hosts"]), a["from_step"], a["to_step"]) for a in data["attempts"]]
-    print(f"each start's hosts, first and last step: {steps}")
+    figure(f"each start's hosts, first and last step: {steps}")
     assert data["status"] == "stopped", (data.get("cause"), data["attempts"])
     return {"rid": rid, "victim": victim, "went_on": went_on, "cut_at": cut_at,
             "waiting": waiting, "summary": data, "again": again.stdout,
@@ -237,7 +237,7 @@ def frozen(cluster: Any) -> dict:
     stop = cluster.ssh(victim, f"docker exec ddpfleet-{rid}-{victim.name} python -c '{freeze}'")
     assert stop.returncode == 0, stop.stderr
     gone = wait_gone(cluster, rid, HB_TIMEOUT + LIMIT)
-    print(f"\nrank frozen (SIGSTOP) -> every container gone: {gone:.1f} s")
+    figure(f"rank frozen (SIGSTOP) -> every container gone: {gone:.1f} s")
     return {"rid": rid, "victim": victim, "gone_s": gone}
 
 
@@ -312,7 +312,7 @@ def healed(cluster: Any) -> dict:
     wait_gone(cluster, rid, 300)  # completed: every container ended
     data = summary(cluster, rid)
     heal = data["attempts"][1]["heal_sec"]
-    print(f"\nrank killed -> first step of the restarted ranks: {heal} s")
+    figure(f"rank killed -> first step of the restarted ranks: {heal} s")
     return {"rid": rid, "victim": victim, "before": before, "summary": data}
 
 

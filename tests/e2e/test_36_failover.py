@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 import pytest
-from site_fixtures import run_site
+from site_fixtures import figure, run_site
 from test_30_train import run_file, run_id, summary, wait_for
 from test_35_faults import (
     PEER_TIMEOUT,
@@ -93,12 +93,12 @@ def leader_lost(cluster: Any) -> dict:
     try:
         attempts = wait_attempts(cluster, rid, 2, timeout=PEER_TIMEOUT + 30 + 60)
         went_on = time.time() - cut_at
-        print(f"\nnode rank 0's host cut off -> the run trained on without it: {went_on:.1f} s")
+        figure(f"node rank 0's host cut off -> the run trained on without it: {went_on:.1f} s")
         status = run_site(cluster, "-e", f"run_id={rid}", playbook="status.yml")
     finally:
         drop_peers(cluster, victim, "-D")
     back = wait_attempts(cluster, rid, 3, timeout=180)[2]
-    print(f"node rank 0's host back -> first step with it: {back['heal_sec']} s")
+    figure(f"node rank 0's host back -> first step with it: {back['heal_sec']} s")
     # as test_35's: the run has steps to spare, and stop.yml ends it once node2 trains again
     stop = run_site(cluster, "-e", f"run_id={rid}", playbook="stop.yml")
     assert stop.rc == 0, stop.tail()
@@ -159,7 +159,7 @@ def leader_lost_for_good(cluster: Any) -> dict:
     kill = cluster.ssh(victim, f"docker kill ddpfleet-{rid}-{victim.name}")
     assert kill.returncode == 0, kill.stderr
     took = wait_gone(cluster, rid, PEER_TIMEOUT + 60)
-    print(f"\nnode rank 0's host lost, too few left -> every container gone: {took:.1f} s")
+    figure(f"node rank 0's host lost, too few left -> every container gone: {took:.1f} s")
     return {"rid": rid, "victim": victim, "took": took, "summary": summary(cluster, rid)}
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from site_fixtures import figure
 from test_30_train import containers, gone_after, run_file, run_id, summary, train, wait_for
 from time_bounds import within
 from train_fixtures import SHARED, STAMP
@@ -153,7 +154,7 @@ def killed(cluster: Any, code_dir: Path) -> dict:
     kill = cluster.ssh(victim, f"{box} python -c 'import os; os.kill({pid}, 9)'")  # no kill(1)
     assert kill.returncode == 0, kill.stderr
     gone_s = gone_after(cluster, rid, time.monotonic(), 60)
-    print(f"\nuser program's rank killed -> every container gone: {gone_s:.1f} s")
+    figure(f"user program's rank killed -> every container gone: {gone_s:.1f} s")
     return {"rid": rid, "victim": victim, "gone_s": gone_s, "seen": seen}
 
 

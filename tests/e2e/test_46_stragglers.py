@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 import pytest
-from site_fixtures import run_site
+from site_fixtures import figure, run_site
 from test_30_train import containers, run_file, run_id, summary, train, wait_for
 from test_35_faults import SPARE_STEPS, wait_attempts, wait_gone
 
@@ -75,7 +75,7 @@ def slowed(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict:
         slowed_at = time.time()
         wait_attempts(cluster, rid, starts, timeout=240)
         took[what] = time.time() - slowed_at
-        print(f"\nnode3 at {cpus} CPU -> first step {what}: {took[what]:.1f} s")
+        figure(f"node3 at {cpus} CPU -> first step {what}: {took[what]:.1f} s")
     status = run_site(cluster, "-e", f"run_id={rid}", playbook="status.yml")  # node3 left out
     # its first compute check, at the quota it was left out with, sets what it must reach
     wait_line(cluster, rid, slow.name, "as it was left out", 300)
@@ -83,13 +83,13 @@ def slowed(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict:
     lifted_at = time.time()
     attempts = wait_attempts(cluster, rid, 4, timeout=240)
     took["back"] = time.time() - lifted_at
-    print(f"quota lifted -> first step with node3 back: {took['back']:.1f} s")
+    figure(f"quota lifted -> first step with node3 back: {took['back']:.1f} s")
     stop = run_site(cluster, "-e", f"run_id={rid}", playbook="stop.yml")
     assert stop.rc == 0, stop.tail()
     wait_gone(cluster, rid, 60)
     data = summary(cluster, rid)
     shares = [(a["hosts"], a.get("shares")) for a in data["attempts"]]
-    print(f"each start's hosts and shares: {shares}")
+    figure(f"each start's hosts and shares: {shares}")
     log = run_file(cluster, rid, f"nodes/{slow.name}.log")
     return {"rid": rid, "quiet": quiet, "data": data, "status": status, "took": took,
             "attempts": attempts, "log": log}  # fmt: skip

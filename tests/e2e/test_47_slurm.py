@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 import pytest
-from site_fixtures import run_site
+from site_fixtures import figure, run_site
 from test_30_train import containers, gone_after, progress, run_file, summary, train, wait_for
 from time_bounds import within
 from train_fixtures import SHARED, STAMP, run_id
@@ -85,7 +85,7 @@ def queued(cluster: Any) -> dict:
     cancel = cluster.ssh(cluster.nodes[0], f"scancel {job_a}")
     assert cancel.returncode == 0, cancel.stderr
     stop_s = gone_after(cluster, a, time.monotonic(), STOP_LIMIT_S + 30)
-    print(f"\nscancel -> no container of the run on any host: {stop_s:.1f} s")
+    figure(f"scancel -> no container of the run on any host: {stop_s:.1f} s")
     # Slurm ends the job after its containers (the epilog runs first: COMPLETING); status.yml
     # says the state Slurm has, so ask it once Slurm has the job's end (a CI run asked within
     # that window and got COMPLETING)
