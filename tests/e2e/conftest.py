@@ -42,7 +42,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `python -m sandbox` lives at the repository root
     sys.path.insert(0, str(ROOT))
 
-# `provisioned`: site.yml applied once; FIRST_SITE_SLOWEST: its slowest tasks, for the summary
+# `provisioned`: site.yml applied once; FIRST_SITE_SLOWEST: its slowest tasks, and FIGURES: the
+# tier's measured times (site_fixtures.figure), both for the summary
 from site_fixtures import FIGURES, FIRST_SITE_SLOWEST, provisioned  # noqa: E402, F401
 from train_fixtures import cluster  # noqa: E402, F401 - `cluster`: provisioned, cleaned after
 
@@ -172,8 +173,8 @@ def pytest_sessionfinish() -> None:
     shutil.rmtree(MUX_DIR, ignore_errors=True)
 
 
-# Where the tier's time goes, printed at its end (CI's output included): the headline figures
-# (the first and the no-op site.yml, the synthetic train.yml, launch to first step), then each
+# Where the tier's time goes, printed at its end (CI's output included): every figure the tests
+# measured (the first and the no-op site.yml, launch to first step, each fault's time), then each
 # module's wall time from its first test's setup to its last test's teardown. A session fixture
 # counts in the module that first needs it (site.yml in test_20_site.py).
 _MODULE_SPANS: dict[str, list[float]] = {}
