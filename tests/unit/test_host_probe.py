@@ -62,37 +62,105 @@ def test_a_service_is_up_only_when_active_and_enabled() -> None:
     assert probe.up(UNITS, FILES) == ["docker.service"]
 
 
+def _vars(role: str) -> dict:
+    return yaml.safe_load(Path(f"roles/{role}/vars/main.yml").read_text())
+
+
+HOSTS = "127.0.0.1\tlocalhost\n127.0.1.1\tnode1.example node1\n::1\tlocalhost ip6-localhost\n"
+HELD_BACK = "Look for a dockerd restart an earlier run held back"
+RETRY = "Retry the held-back dockerd restart"
+NO_127 = "Remove the 127.0.1.1 mapping of this host's name"
+CREDS = "Keep Docker's credentials readable by root only"
+
+
+def test_what_the_probe_reads_for_later_roles_is_theirs(tmp_path: Path) -> None:
+    """preflight's probe looks for the docker role's held-back restart marker, Docker's
+    credentials file and the line etc_hosts removes: the same paths and pattern as theirs; the
+    pattern finds that line, and a file's owner and mode read as the file task sets them."""
+    asked = _vars("preflight")
+    assert asked["_preflight_probe_exists"] == [
+        _vars("docker")["_docker_restart_pending_marker"],
+        _vars("registry")["_registry_docker_config"],
+    ]
+    creds = tmp_path / "config.json"
+    creds.write_text("{}")
+    creds.chmod(0o600)
+    mine = {"uid": os.getuid(), "gid": os.getgid(), "mode": "0600"}
+    assert probe.owner_and_mode([str(creds), str(tmp_path / "none")]) == {str(creds): mine}
+    tasks = yaml.safe_load(Path("roles/etc_hosts/tasks/configure.yml").read_text())
+    removal = next(t for t in tasks if t["name"] == NO_127)["ansible.builtin.lineinfile"]
+    assert asked["_preflight_probe_lines"] == {
+        _vars("etc_hosts")["_etc_hosts_path"]: removal["regexp"]
+    }
+    assert probe.matching(HOSTS, removal["regexp"]) == ["127.0.1.1\tnode1.example node1"]
+    assert probe.matching(HOSTS.replace("127.0.1.1", "10.0.0.5"), removal["regexp"]) == []
+
+
 def test_the_roles_conditions_skip_only_what_is_done(tmp_path: Path) -> None:
-    """The same expressions as the roles' apt and start tasks: without the fact (a role run
-    without preflight) both run; with it, only a missing package or a stopped service runs."""
+    """The same expressions as the roles' apt and start tasks, and the docker and etc_hosts
+    roles' own conditions (read from their task files): without the fact (a role run without
+    preflight) each runs; with it, only a missing package, a stopped service, a marker that is
+    there, a 127.0.1.1 line that is there, or a credentials file that a login rewrote or whose
+    owner or mode is off."""
     missing = "{} is not subset(ddpfleet_host_state.packages | default([]))"
     stopped = "{} not in (ddpfleet_host_state.services | default([]))"
+    held, retry = (_when("roles/docker/tasks/service.yml", name) for name in (HELD_BACK, RETRY))
+    no_127 = _when("roles/etc_hosts/tasks/configure.yml", NO_127)
+    creds = _when("roles/registry/tasks/login.yml", CREDS)
     cases = {
         "no-fact-apt": missing.format("['pigz']"),
         "no-fact-start": stopped.format("'docker.service'"),
+        "no-fact-marker": held,
+        "no-fact-127": no_127,
+        "no-fact-creds": creds,
     }
     later = {
         "installed": missing.format("['docker.io', 'prometheus']"),
         "one-missing": missing.format("['docker.io', 'pigz']"),
         "running": stopped.format("'docker.service'"),
         "stopped": stopped.format("'munge.service'"),
+        "marker-read": held,
+        "no-marker-retry": retry,
+        "127-there": no_127,
+        "creds-as-set": creds,
     }
-    state = {"packages": probe.installed(STATUS), "services": probe.up(UNITS, FILES)}
+    last = {"marker-retry": retry, "127-gone": no_127, "creds-open": creds}
+    marker, hosts = (
+        _vars("docker")["_docker_restart_pending_marker"],
+        _vars("etc_hosts")["_etc_hosts_path"],
+    )
+    config = _vars("registry")["_registry_docker_config"]
+    pattern = _vars("preflight")["_preflight_probe_lines"][hosts]
+    private = {config: {"uid": 0, "gid": 0, "mode": "0600"}}
+    state = {"packages": probe.installed(STATUS), "services": probe.up(UNITS, FILES),
+             "exists": private, "lines": {hosts: probe.matching(HOSTS, pattern)}}  # fmt: skip
+    gone = {**state, "exists": {marker: {}, config: {"uid": 0, "gid": 0, "mode": "0644"}},
+            "lines": {hosts: []}}  # fmt: skip
 
     def tasks(conds: dict[str, str]) -> list[dict]:
         return [{"ansible.builtin.debug": {"msg": f"RAN {k}"}, "when": v} for k, v in conds.items()]
 
     play = [{"hosts": "localhost", "gather_facts": False, "tasks": [
+        {"ansible.builtin.set_fact": {"_docker_restart_pending_marker": marker,
+                                      "_etc_hosts_path": hosts, "_registry_docker_config": config,
+                                      "__registry_login": {"changed": False}}},
         *tasks(cases),
         {"ansible.builtin.set_fact": {"ddpfleet_host_state": state}},
         *tasks(later),
+        {"ansible.builtin.set_fact": {"ddpfleet_host_state": gone}},
+        *tasks(last),
+        {"ansible.builtin.set_fact": {"ddpfleet_host_state": state,
+                                      "__registry_login": {"changed": True}}},
+        *tasks({"creds-relogged": creds}),
     ]}]  # fmt: skip
     book = tmp_path / "play.yml"
     book.write_text(json.dumps(play))
     out = local_playbook(book)
     assert out.startswith("rc=0"), out
-    ran = {k for k in [*cases, *later] if f"RAN {k}" in out}
-    assert ran == {"no-fact-apt", "no-fact-start", "one-missing", "stopped"}, out
+    ran = {k for k in [*cases, *later, *last, "creds-relogged"] if f"RAN {k}" in out}
+    assert ran == {"no-fact-apt", "no-fact-start", "no-fact-marker", "no-fact-127",
+                   "no-fact-creds", "one-missing", "stopped", "127-there", "marker-retry",
+                   "creds-open", "creds-relogged"}, out  # fmt: skip
 
 
 def test_free_space_is_read_where_the_path_will_be(tmp_path: Path) -> None:

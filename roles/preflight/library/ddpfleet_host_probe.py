@@ -4,19 +4,22 @@
 from __future__ import annotations
 
 import os
+import re
 
 from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
 module: ddpfleet_host_probe
-short_description: Free space, nvidia-smi, packages, services and local accounts, in one run
+short_description: Free space, nvidia-smi, packages, services, accounts and files, in one run
 description:
 - Reads the free space of the filesystem that holds C(disk_path), whether nvidia-smi is there,
   dpkg's status database, systemd's unit states and the local user and group files. site.yml's
   roles skip an apt task when every package it asks for is installed, a start task when its
   service is active and enabled, and a user or group task when the local account is already as
   asked (each falls back to doing the work where the probe did not run, e.g. on another OS, or
-  where an account is not in the local files).
+  where an account is not in the local files). It also says which of C(exists) are there and
+  which lines of a file match a pattern (C(lines)), with each one's owner and mode, for a role's
+  read or file task that a no-op skips.
 - It only reads, so it runs in check mode too.
 options:
   disk_path:
@@ -39,6 +42,15 @@ options:
     description: The local group database.
     type: path
     default: /etc/group
+  exists:
+    description: Paths to look for.
+    type: list
+    elements: path
+    default: []
+  lines:
+    description: Each path's pattern (a Python regular expression, matched at a line's start).
+    type: dict
+    default: {}
 author: ddpfleet
 """
 
@@ -70,6 +82,16 @@ users:
   returned: always
 groups:
   description: Each local group's gid, by name.
+  type: dict
+  returned: always
+exists:
+  description: Those of C(exists) that are there, each with its C(uid), C(gid) and C(mode) (an
+    octal string, "0600"), not following a link.
+  type: dict
+  returned: always
+lines:
+  description: Each of C(lines)' paths, with its lines that match its pattern (none where the
+    file is missing).
   type: dict
   returned: always
 """
@@ -129,6 +151,24 @@ def read(path: str) -> str:
         return f.read()
 
 
+def owner_and_mode(paths: list[str]) -> dict[str, dict[str, object]]:
+    """Each of ``paths`` that is there, with its uid, gid and permission bits ("0600")."""
+    found = {}
+    for path in paths:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        found[path] = {"uid": st.st_uid, "gid": st.st_gid, "mode": f"{st.st_mode & 0o7777:04o}"}
+    return found
+
+
+def matching(text: str, pattern: str) -> list[str]:
+    """The lines of ``text`` that match ``pattern`` at their start."""
+    found = re.compile(pattern)
+    return [line for line in text.splitlines() if found.match(line)]
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -137,6 +177,8 @@ def main() -> None:
             "dpkg_status": {"type": "path", "default": "/var/lib/dpkg/status"},
             "passwd": {"type": "path", "default": "/etc/passwd"},
             "group": {"type": "path", "default": "/etc/group"},
+            "exists": {"type": "list", "elements": "path", "default": []},
+            "lines": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
     )
@@ -158,6 +200,8 @@ def main() -> None:
         services=services,
         users=accounts(read(module.params["passwd"]), (2, 3, 5, 6)),
         groups={k: v[0] for k, v in accounts(read(module.params["group"]), (2,)).items()},
+        exists=owner_and_mode(module.params["exists"]),
+        lines={p: matching(read(p), str(rx)) for p, rx in module.params["lines"].items()},
     )
 
 
