@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from site_fixtures import PlaybookRun, figure, run_site
+from site_fixtures import PlaybookRun, figure, run_site, slowest_tasks
 from time_bounds import within
 
 # What a no-op re-run may take: it took 58 s on the 2-core EPYC (2026-11-23) and 117-123 s on
@@ -31,6 +31,10 @@ BAD_CIDR = "192.0.2.0/24"  # TEST-NET-1: never the sandbox's subnet
 def rerun(provisioned: PlaybookRun, sandbox: Any) -> PlaybookRun:
     run = run_site(sandbox)
     figure(f"site.yml no-op re-run: {run.wall_s:.1f} s, rc {run.rc}")
+    figure(
+        "its slowest tasks: "
+        + "; ".join(re.sub(r" -+ ?", " ", t) for t in slowest_tasks(run.stdout, 6))
+    )
     return run
 
 
@@ -73,9 +77,10 @@ def _task_outcomes(stdout: str) -> dict[str, set[str]]:
 
 def test_rerun_asks_each_node_once_for_what_is_done(rerun: PlaybookRun) -> None:
     """What makes the no-op fast, checked as behaviour: after preflight's probe, no apt task, no
-    start task and no task making the storage's owner runs on any host, the controller's crypto
-    tasks are skipped on the secrets check, and each file task is one ddpfleet_files run that
-    finds everything in place."""
+    start task, no task making the storage's owner and no task the probe answered (the held-back
+    restart marker, a 127.0.1.1 line, the credentials file's mode) runs on any host, the
+    controller's crypto tasks are skipped on the secrets check, and each file task is one
+    ddpfleet_files run that finds everything in place."""
     outcomes = _task_outcomes(rerun.stdout)
     assert outcomes[
         "preflight : Read the free space, the installed packages and the running services"
@@ -83,9 +88,12 @@ def test_rerun_asks_each_node_once_for_what_is_done(rerun: PlaybookRun) -> None:
     skipped = [
         "docker : Install the Docker engine",
         "docker : Start and enable dockerd",
+        "docker : Look for a dockerd restart an earlier run held back",
+        "etc_hosts : Remove the 127.0.1.1 mapping of this host's name",
         "registry : Install the CA tooling on every node",
         "registry : Install the registry package",
         "registry : Start and enable the registry",
+        "registry : Keep Docker's credentials readable by root only",
         "registry : Generate the cluster CA key",
         "registry : Sign the registry's certificate with the cluster CA",
         "nfs_server : Install the NFS server packages (apt)",
@@ -103,6 +111,21 @@ def test_rerun_asks_each_node_once_for_what_is_done(rerun: PlaybookRun) -> None:
         task: {"skipping"} for task in skipped
     }
     assert outcomes["slurm : Write slurm.conf and gres.conf (the same on every node)"] == {"ok"}
+
+
+SMOKE_PULL = "registry : Pull the smoke-test image from the registry"
+
+
+def test_the_registry_smoke_test_runs_where_the_registry_changed(
+    provisioned: PlaybookRun, rerun: PlaybookRun
+) -> None:
+    """The first run pushes and pulls the smoke image on every node; the no-op run, which
+    changed nothing on the registry's path, skips it and still logs every node in (TLS with the
+    cluster CA and the password: the real check of each node's way to the registry)."""
+    assert "skipping" not in _task_outcomes(provisioned.stdout)[SMOKE_PULL]
+    outcomes = _task_outcomes(rerun.stdout)
+    assert outcomes[SMOKE_PULL] == {"skipping"}
+    assert outcomes["registry : Log Docker in to the registry"] == {"ok"}
 
 
 def test_testinfra_suite_passes(provisioned: PlaybookRun, sandbox: Any) -> None:
@@ -249,6 +272,7 @@ def test_registry_repairs_drift_and_reissues_a_certificate_without_showing_secre
     for marker in ("$2y$", "$2b$", "$2a$", "intruder"):
         assert marker not in out
     assert run.recap[first.name]["changed"] >= 1  # the key and htpasswd were repaired
+    assert "skipping" not in _task_outcomes(run.stdout)[SMOKE_PULL]  # and proven by a pull
     key = sandbox.ssh(first, "cat /etc/docker/registry/registry.key").stdout
     assert key == (secrets / "registry.key").read_text()
     assert "intruder" not in sandbox.ssh(first, "cat /etc/docker/registry/htpasswd").stdout
