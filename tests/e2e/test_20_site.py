@@ -78,8 +78,9 @@ def _task_outcomes(stdout: str) -> dict[str, set[str]]:
 def test_rerun_asks_each_node_once_for_what_is_done(rerun: PlaybookRun) -> None:
     """What makes the no-op fast, checked as behaviour: after preflight's probe, no apt task, no
     start task, no task making the storage's owner and no task the probe answered (the held-back
-    restart marker, a 127.0.1.1 line, the credentials file's mode) runs on any host, the
-    controller's crypto tasks are skipped on the secrets check, and each file task is one
+    restart marker, a 127.0.1.1 line, the credentials file's mode, daemon.json's text) runs on
+    any host, the controller's crypto and munge key tasks are skipped on the secrets checks, no
+    node removes its own NFS probe (the next node took it), and each file task is one
     ddpfleet_files run that finds everything in place."""
     outcomes = _task_outcomes(rerun.stdout)
     assert outcomes[
@@ -89,6 +90,7 @@ def test_rerun_asks_each_node_once_for_what_is_done(rerun: PlaybookRun) -> None:
         "docker : Install the Docker engine",
         "docker : Start and enable dockerd",
         "docker : Look for a dockerd restart an earlier run held back",
+        "docker : Read the existing daemon.json, if there is one",
         "etc_hosts : Remove the 127.0.1.1 mapping of this host's name",
         "registry : Install the CA tooling on every node",
         "registry : Install the registry package",
@@ -96,6 +98,9 @@ def test_rerun_asks_each_node_once_for_what_is_done(rerun: PlaybookRun) -> None:
         "registry : Keep Docker's credentials readable by root only",
         "registry : Generate the cluster CA key",
         "registry : Sign the registry's certificate with the cluster CA",
+        "slurm : Create the secrets directory",
+        "slurm : Generate the munge key",
+        "nfs_client : Remove this node's probe",
         "nfs_server : Install the NFS server packages (apt)",
         "nfs_server : Enable and start the NFS server",
         "nfs_client : Install the NFS client packages (apt)",

@@ -225,8 +225,15 @@ def test_invalid_addition_is_refused_and_the_file_kept(node: Path, fakes_2010: P
 
 
 def test_valid_change_replaces_the_file_and_restarts(node: Path, fakes_2010: Path) -> None:
-    out = site(node, fakes_2010, docker_log_max_file=6)
+    """Merged into the text preflight's probe read (ddpfleet_host_state.texts): the role's own
+    read is skipped, and the keys it does not manage are kept from the probe's text."""
+    current = node / "etc" / "daemon.json"
+    probed = {"texts": {str(current): json.dumps({**GOOD, "debug": True})}}
+    out = site(node, fakes_2010, docker_log_max_file=6, ddpfleet_host_state=probed)
     assert out.startswith("rc=0"), out[-3000:]
+    read = out.split("Read the existing daemon.json", 1)[1].split("TASK [", 1)[0]
+    assert "skipping: [localhost]" in read, out[-3000:]
+    assert json.loads(current.read_text())["debug"] is True
     daemon = json.loads((node / "etc" / "daemon.json").read_text())
     assert daemon["log-opts"]["max-file"] == "6"
     assert "systemctl restart docker" in calls(fakes_2010)

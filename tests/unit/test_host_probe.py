@@ -75,13 +75,15 @@ CREDS = "Keep Docker's credentials readable by root only"
 
 def test_what_the_probe_reads_for_later_roles_is_theirs(tmp_path: Path) -> None:
     """preflight's probe looks for the docker role's held-back restart marker, Docker's
-    credentials file and the line etc_hosts removes: the same paths and pattern as theirs; the
+    credentials file, the line etc_hosts removes and the daemon.json the docker role merges
+    into: the same paths and pattern as theirs; the
     pattern finds that line, and a file's owner and mode read as the file task sets them."""
     asked = _vars("preflight")
     assert asked["_preflight_probe_exists"] == [
         _vars("docker")["_docker_restart_pending_marker"],
         _vars("registry")["_registry_docker_config"],
     ]
+    assert asked["_preflight_probe_texts"] == [_vars("docker")["_docker_daemon_json_path"]]
     creds = tmp_path / "config.json"
     creds.write_text("{}")
     creds.chmod(0o600)

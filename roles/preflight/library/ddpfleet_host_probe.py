@@ -18,8 +18,8 @@ description:
   service is active and enabled, and a user or group task when the local account is already as
   asked (each falls back to doing the work where the probe did not run, e.g. on another OS, or
   where an account is not in the local files). It also says which of C(exists) are there and
-  which lines of a file match a pattern (C(lines)), with each one's owner and mode, for a role's
-  read or file task that a no-op skips.
+  which lines of a file match a pattern (C(lines)), with each one's owner and mode, and the text
+  of small files (C(texts)), for a role's read or file task that a no-op skips.
 - It only reads, so it runs in check mode too.
 options:
   disk_path:
@@ -51,6 +51,11 @@ options:
     description: Each path's pattern (a Python regular expression, matched at a line's start).
     type: dict
     default: {}
+  texts:
+    description: Paths to read whole (small text files a later role reads, such as daemon.json).
+    type: list
+    elements: path
+    default: []
 author: ddpfleet
 """
 
@@ -92,6 +97,10 @@ exists:
 lines:
   description: Each of C(lines)' paths, with its lines that match its pattern (none where the
     file is missing).
+  type: dict
+  returned: always
+texts:
+  description: Those of C(texts) that are files, each with its text.
   type: dict
   returned: always
 """
@@ -179,6 +188,7 @@ def main() -> None:
             "group": {"type": "path", "default": "/etc/group"},
             "exists": {"type": "list", "elements": "path", "default": []},
             "lines": {"type": "dict", "default": {}},
+            "texts": {"type": "list", "elements": "path", "default": []},
         },
         supports_check_mode=True,
     )
@@ -202,6 +212,7 @@ def main() -> None:
         groups={k: v[0] for k, v in accounts(read(module.params["group"]), (2,)).items()},
         exists=owner_and_mode(module.params["exists"]),
         lines={p: matching(read(p), str(rx)) for p, rx in module.params["lines"].items()},
+        texts={p: read(p) for p in module.params["texts"] if os.path.isfile(p)},
     )
 
 
