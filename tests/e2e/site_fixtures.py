@@ -81,6 +81,16 @@ def figure(line: str) -> None:
     print(f"\n{line}")
 
 
+def cpu_reference_s(steps: int = 10_000_000) -> float:
+    """Seconds a fixed pure-Python loop takes on the controller now: the baseline a figure of
+    the same moment is read against (these VMs' speed changes by a third from minute to
+    minute, and by more between CPU kinds)."""
+    start, total = time.perf_counter(), 0
+    for i in range(steps):
+        total += i
+    return time.perf_counter() - start
+
+
 def slowest_tasks(stdout: str, count: int = 15) -> list[str]:
     """The first ``count`` lines of profile_tasks' recap ("role : task ---- 12.34s"). A long
     task name leaves no room for the dashes but two ("... versions) --540.12s")."""
