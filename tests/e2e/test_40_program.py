@@ -13,6 +13,7 @@ run directory is world-readable.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -46,32 +47,44 @@ SECRET = f"e2e-token-{STAMP}-5c1e"
 
 
 @pytest.fixture(scope="module")
-def user_image(cluster: Any) -> Iterator[str]:
-    """A user's own image, made FROM the training image and pushed to the cluster registry
-    (site.yml set it up); no node holds it before the run that names it."""
+def user_image(cluster: Any) -> Iterator[dict]:
+    """A user's own image, made FROM the training image on the registry host and pushed to the
+    cluster registry with docker push (site.yml set it up; docs/training.md's steps); no node
+    holds it before the run that names it. Its push's output and both images' manifests."""
     node1 = cluster.nodes[0]
     base = cluster.ssh(node1, "cat /etc/ddpfleet/trainer_image").stdout.strip()
     user = f"{base.split('/')[0]}/e2e/user-{STAMP}:1"
     build = cluster.ssh(
         node1,
-        f"printf 'FROM {base}\\nLABEL io.ddpfleet.e2e=user-image\\n' | docker build -q -t {user} - "
-        f"&& docker push -q {user} && docker rmi {user}",
-        timeout=300,
+        f"printf 'FROM {base}\\nLABEL io.ddpfleet.e2e=user-image\\n' | docker build -q -t {user} -",
     )
     assert build.returncode == 0, build.stderr
-    yield user
+    start = time.monotonic()
+    push = cluster.ssh(node1, f"docker push {user}", timeout=300)
+    pushed_s = time.monotonic() - start
+    assert push.returncode == 0, push.stderr
+    figure(
+        f"docker push of an image FROM the training image, on the registry host: {pushed_s:.1f} s"
+    )
+    layers = {}
+    for ref in (base, user):
+        shown = cluster.ssh(node1, f"docker manifest inspect {ref}")
+        assert shown.returncode == 0, shown.stderr
+        layers[ref] = [layer["digest"] for layer in json.loads(shown.stdout)["layers"]]
+    cluster.ssh(node1, f"docker rmi {user}")
+    yield {"ref": user, "push": push.stdout, "layers": layers[user], "base_layers": layers[base]}
     for node in cluster.nodes:
         cluster.ssh(node, f"docker rmi {user}")
 
 
 @pytest.fixture(scope="module")
-def completed(cluster: Any, code_dir: Path, user_image: str) -> dict:
+def completed(cluster: Any, code_dir: Path, user_image: dict) -> dict:
     """The program from a code directory, in the user's image, with a token, followed at -vvv:
     one run for the code copy, the user image's pull, and the secret's hiding."""
     rid = run_id("prog")
     secret = json.dumps({"train_env": {"DDPFLEET_E2E_TOKEN": SECRET}})
     run = train(
-        cluster, rid, "-e", f"train_image={user_image}",
+        cluster, rid, "-e", f"train_image={user_image['ref']}",
         *program(code_dir, "--epochs", "2"), "-e", secret, "-vvv",
     )  # fmt: skip
     return {"rid": rid, "run": run}
@@ -209,10 +222,25 @@ def test_program_missing_from_the_image_is_refused_before_anything_starts(cluste
 
 
 def test_a_user_image_from_the_cluster_registry_is_pulled_and_runs_the_program(
-    cluster: Any, completed: dict, user_image: str
+    cluster: Any, completed: dict, user_image: dict
 ) -> None:
     rid, run = completed["rid"], completed["run"]
     assert run.rc == 0, run.tail()
     pulls = run.stdout.split("TASK [trainer_run : Pull train_image where it is missing]")[1]
     assert all(f"changed: [{n.name}]" in pulls.split("TASK [")[0] for n in cluster.nodes), pulls
-    assert json.loads(run_file(cluster, rid, "config.json"))["image"] == user_image
+    assert json.loads(run_file(cluster, rid, "config.json"))["image"] == user_image["ref"]
+
+
+def test_a_user_image_s_push_sends_none_of_the_training_image_s_layers(user_image: dict) -> None:
+    """The training image's layers were pushed uncompressed by site.yml, which told the
+    registry host's Docker so: its docker push mounts them in the registry (no gzip, no
+    upload), and the user image names them as every node that pulled the training image
+    holds them, so the nodes' pulls download nothing of them."""
+    # docker push's lines: "<layer id>: <status>", each layer's last one its outcome
+    outcome = dict(re.findall(r"^([0-9a-f]{12}): (.+)$", user_image["push"], re.MULTILINE))
+    assert outcome, user_image["push"]
+    sent = {
+        k: v for k, v in outcome.items() if not v.startswith(("Mounted from ", "Layer already"))
+    }
+    assert sent == {}, user_image["push"]
+    assert user_image["layers"] == user_image["base_layers"]  # only a LABEL on top: no layer

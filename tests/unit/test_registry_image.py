@@ -1,7 +1,8 @@
 """trainer_image's registry client (roles/trainer_image/library/ddpfleet_registry_image.py):
 names, Docker's login, the manifest it writes, each layer's tar put together from a Docker
 overlay2 store as Docker made it (and refused where the store's files changed), only what the
-registry lacks sent, the moving tag, and Docker's own push for other stores. The real registry
+registry lacks sent, what the host's Docker is told of the pushed layers, the moving tag, and
+Docker's own push for other stores. The real registry
 and Docker's pull of what it sends are e2e (test_20's site.yml, the testinfra suite)."""
 
 from __future__ import annotations
@@ -219,7 +220,8 @@ def test_the_moving_tag_is_the_source_tags_manifest_put_under_it() -> None:
     ref = "node1:5000/ddpfleet/trainer:latest"
     assert client.publish(registry, ref, "latest", "abc", check=True)[0] is True
     assert registry.sent == []
-    assert client.publish(registry, ref, "latest", "abc", check=False)[:2] == (True, b"{}")
+    # nothing sent, nothing recorded in the host's Docker
+    assert client.publish(registry, ref, "latest", "abc", check=False) == (True, b"{}", 0, 0)
     assert registry.tags["latest"] == registry.tags["abc"]
     assert client.publish(registry, ref, "latest", "abc", check=False)[0] is False
     with pytest.raises(client.RegistryError, match="trainer:gone is not in the registry"):
@@ -236,9 +238,12 @@ def test_another_image_store_is_pushed_by_docker(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(client, "local_image", lambda ref: ("sha256:c", ["sha256:l"], None))
     monkeypatch.setattr(client.subprocess, "run", run)
-    changed, body, sent = client.publish(registry, "node1:5000/x:abc", "abc", None, check=False)
+    changed, body, sent, recorded = client.publish(
+        registry, "node1:5000/x:abc", "abc", None, check=False
+    )
     assert runs == [["docker", "push", "node1:5000/x:abc"]]
     assert (changed, body, sent, registry.sent) == (True, b'{"pushed": "by docker"}', 0, [])
+    assert recorded == 0  # Docker's push recorded its own
 
 
 def test_check_mode_reports_an_image_not_built_yet_as_to_be_pushed(
@@ -249,7 +254,8 @@ def test_check_mode_reports_an_image_not_built_yet_as_to_be_pushed(
 
     monkeypatch.setattr(client, "local_image", missing)
     registry = Registry({})
-    assert client.publish(registry, "node1:5000/x:abc", "abc", None, check=True) == (True, None, 0)
+    published = client.publish(registry, "node1:5000/x:abc", "abc", None, check=True)
+    assert published == (True, None, 0, 0)
     with pytest.raises(client.RegistryError, match="not on this host"):
         client.publish(registry, "node1:5000/x:abc", "abc", None, check=False)
     assert registry.sent == []
@@ -264,3 +270,58 @@ def test_only_an_overlay2_store_with_its_layer_database_is_read(tmp_path: Path) 
     assert client.overlay2_root("overlay2 /nonexistent\n") is None
     assert client.overlay2_root("overlay2\n") is None
     assert client.overlay2_root("") is None
+
+
+DISTRIBUTION = ("image", "overlay2", "distribution")
+
+
+def docker_metadata(root: Path, diff_id: str) -> tuple[list[dict], str]:
+    """What Docker's distribution metadata under root holds for a layer: its (digest,
+    repository) entries, and the diff ID its digest equal to its diff ID maps to."""
+    base = root.joinpath(*DISTRIBUTION)
+    entries = json.loads((base / "v2metadata-by-diffid" / "sha256" / diff_id[7:]).read_text())
+    return entries, (base / "diffid-by-digest" / "sha256" / diff_id[7:]).read_text()
+
+
+def test_a_push_from_the_store_tells_docker_the_repository_holds_each_layer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As Docker's own push records it (format of Docker 20.10's files), beside what Docker
+    recorded itself (a gzipped copy pushed by docker push, with its HMAC): a later docker
+    push of an image FROM this one mounts the layers, and names them by their diff IDs."""
+    image_id, diff_ids = store(tmp_path, [{"base": b"b" * 3000}, {"torch.so": b"t" * 9000}])
+    base = tmp_path.joinpath(*DISTRIBUTION)
+    own = {"Digest": "sha256:" + "9" * 64, "SourceRepository": "node1:5000/me/x", "HMAC": "ab12"}
+    (base / "v2metadata-by-diffid" / "sha256").mkdir(parents=True)
+    (base / "v2metadata-by-diffid" / "sha256" / diff_ids[0][7:]).write_text(json.dumps([own]))
+    monkeypatch.setattr(client, "local_image", lambda ref: (image_id, diff_ids, str(tmp_path)))
+    registry = Registry({})
+    ref = "node1:5000/ddpfleet/trainer:abc"
+    assert client.publish(registry, ref, "abc", None, check=False)[3] == 2
+    ours = {"Digest": "", "SourceRepository": "node1:5000/ddpfleet/trainer", "HMAC": ""}
+    first, second = (docker_metadata(tmp_path, d) for d in diff_ids)
+    assert first == ([own, {**ours, "Digest": diff_ids[0]}], diff_ids[0])
+    assert second == ([{**ours, "Digest": diff_ids[1]}], diff_ids[1])
+    modes = {p.stat().st_mode & 0o777 for p in base.rglob("*") if p.is_file()}
+    assert modes == {0o644}
+    assert [p.name for p in base.rglob("*.ddpfleet-*")] == []  # no temporary file left
+    # pushed again (nothing to send): nothing new to record, the files as they were
+    before = {p: p.read_bytes() for p in base.rglob("*") if p.is_file()}
+    assert client.publish(registry, ref, "abc", None, check=False)[2:] == (0, 0)
+    assert {p: p.read_bytes() for p in base.rglob("*") if p.is_file()} == before
+
+
+def test_docker_keeps_fifty_entries_a_layer_and_a_store_never_pushed_from_is_left_alone(
+    tmp_path: Path,
+) -> None:
+    diff_id = "sha256:" + "a" * 64
+    assert client.record_in_docker(str(tmp_path), "node1:5000/t", [diff_id]) == 0
+    assert not tmp_path.joinpath(*DISTRIBUTION).exists()  # Docker makes it on its first push
+    held = tmp_path.joinpath(*DISTRIBUTION, "v2metadata-by-diffid", "sha256")
+    held.mkdir(parents=True)
+    old = [{"Digest": f"sha256:{i:064x}", "SourceRepository": "r/x", "HMAC": ""} for i in range(50)]
+    (held / diff_id[7:]).write_text(json.dumps(old))
+    assert client.record_in_docker(str(tmp_path), "node1:5000/t", [diff_id, diff_id]) == 1
+    entries, mapped = docker_metadata(tmp_path, diff_id)
+    assert entries[:-1] == old[1:]  # the oldest dropped, as Docker does
+    assert (entries[-1]["SourceRepository"], mapped) == ("node1:5000/t", diff_id)

@@ -31,6 +31,12 @@ description:
   against its diff ID before the manifest names it. Where Docker keeps images otherwise (the
   containerd image store, another storage driver), the module runs C(docker push) instead.
 - Layers the registry already holds are not read or sent again, nor is a config it holds.
+- After a push from the overlay2 store, the host's Docker is told what its own push would have
+  recorded: each layer is in this repository under a blob digest that is its diff ID (Docker's
+  distribution metadata, C(image/overlay2/distribution) under its root). A C(docker push) on
+  this host of an image built C(FROM) this one then mounts those layers in the registry instead
+  of gzipping and uploading them again, and its manifest names them by the digests every host
+  that pulled this image already holds, so those hosts pull only the layers added on top.
 - With I(source_tag), the manifest of that tag in the registry is put under I(tag): the image
   need not be on this host.
 - Logs in and trusts the registry as Docker does on this host: the C(auths) entry of Docker's
@@ -67,6 +73,10 @@ digest:
   returned: success
 sent_bytes:
   description: Bytes of layers and config sent (0 when the registry held them all).
+  type: int
+  returned: success
+recorded_layers:
+  description: Layers newly recorded in this host's Docker as held by the repository.
   type: int
   returned: success
 """
@@ -340,6 +350,53 @@ def push(registry: Registry, root: str, image_id: str, diff_ids: list[str]) -> t
     return manifest(config, [(d, sizes[d]) for d in diff_ids]), sent
 
 
+# Docker keeps at most this many (digest, repository) entries per layer (its maxMetadata).
+DOCKER_METADATA_MAX = 50
+
+
+def record_in_docker(root: str, name: str, diff_ids: list[str]) -> int:
+    """Record in Docker's distribution metadata, as its own push does, that each layer is in
+    repository ``name`` (with its registry) under a blob digest equal to its diff ID; how many
+    entries were new. Docker reads these files on every push and pull, and writes them by
+    renaming a complete file into place, as this does; entries already there are kept."""
+    base = os.path.join(root, "image", "overlay2", "distribution")
+    if not os.path.isdir(base):  # no push or pull ever ran here; Docker makes it on its first
+        return 0
+    added = 0
+    for diff_id in dict.fromkeys(diff_ids):
+        key = diff_id.replace(":", os.sep, 1)  # sha256/<hex>, Docker's file name for the key
+        entry = {"Digest": diff_id, "SourceRepository": name, "HMAC": ""}
+        by_diff_id = os.path.join(base, "v2metadata-by-diffid", key)
+        try:
+            with open(by_diff_id, encoding="utf-8") as f:
+                entries = json.load(f) or []
+        except (FileNotFoundError, ValueError):
+            entries = []
+        if entry not in entries:
+            entries = [*entries, entry][-DOCKER_METADATA_MAX:]
+            write_atomically(by_diff_id, json.dumps(entries, separators=(",", ":")).encode())
+            added += 1
+        by_digest = os.path.join(base, "diffid-by-digest", key)
+        try:
+            with open(by_digest, encoding="ascii") as f:
+                known = f.read()
+        except FileNotFoundError:
+            known = None
+        if known != diff_id:
+            write_atomically(by_digest, diff_id.encode())
+    return added
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Write path whole or not at all (a temporary file beside it, renamed), mode 0644."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    temporary = f"{path}.ddpfleet-{os.getpid()}"
+    with open(temporary, "wb") as f:
+        f.write(data)
+    os.chmod(temporary, 0o644)
+    os.replace(temporary, path)
+
+
 def docker_push(ref: str) -> None:
     run = subprocess.run(["docker", "push", ref], capture_output=True, text=True, check=False)
     if run.returncode != 0:
@@ -348,9 +405,10 @@ def docker_push(ref: str) -> None:
 
 def publish(
     registry: Registry, ref: str, tag: str, source_tag: str | None, check: bool
-) -> tuple[bool, bytes | None, int]:
-    """Whether tag changed, the manifest it points at (None in check mode), the bytes sent."""
-    current = registry.get_manifest(tag)
+) -> tuple[bool, bytes | None, int, int]:
+    """Whether tag changed, the manifest it points at (None in check mode), the bytes sent,
+    the layers newly recorded in this host's Docker as held by the repository."""
+    current, root, diff_ids = registry.get_manifest(tag), None, []
     if source_tag:
         source = registry.get_manifest(source_tag)
         if source is None:
@@ -361,19 +419,21 @@ def publish(
             image_id, diff_ids, root = local_image(ref)
         except RegistryError:
             if check:  # not built yet, as in a check-mode run: it would be pushed
-                return True, None, 0
+                return True, None, 0, 0
             raise
         if check:
-            return current is None or config_digest(current[0]) != image_id, None, 0
+            return current is None or config_digest(current[0]) != image_id, None, 0, 0
         if root is None:  # an image store this module does not read: Docker's push, gzipped
             docker_push(ref)
             after = registry.get_manifest(tag)
-            return after != current, after[0] if after else None, 0
+            return after != current, after[0] if after else None, 0, 0
         (body, sent), media_type = push(registry, root, image_id, diff_ids), MANIFEST
     changed = current is None or current[0] != body
     if changed and not check:
         registry.put_manifest(tag, body, media_type)
-    return changed, body, sent
+    # pushed from the store, the manifest names each layer by its diff ID: tell Docker so
+    recorded = record_in_docker(root, ref.rpartition(":")[0], diff_ids) if root else 0
+    return changed, body, sent, recorded
 
 
 def config_digest(body: bytes) -> str | None:
@@ -395,7 +455,7 @@ def main() -> None:
     try:
         host, repository = split_name(p["name"])
         registry = Registry(host, repository, login(p["docker_config"], host), p["timeout"])
-        changed, body, sent = publish(
+        changed, body, sent, recorded = publish(
             registry, f"{p['name']}:{p['tag']}", p["tag"], p["source_tag"], module.check_mode
         )
     except (
@@ -406,7 +466,9 @@ def main() -> None:
         subprocess.SubprocessError,
     ) as exc:
         module.fail_json(msg=str(exc))
-    module.exit_json(changed=changed, digest=body and sha256(body), sent_bytes=sent)
+    module.exit_json(
+        changed=changed, digest=body and sha256(body), sent_bytes=sent, recorded_layers=recorded
+    )
 
 
 if __name__ == "__main__":
