@@ -11,10 +11,27 @@ its task program (roles/slurm/files/ links to it), which runs with the host's py
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 
 JOB_LABEL = "io.ddpfleet.slurm_job"  # a run container started by a Slurm job carries its id
+# A CPU quota's CFS period, in microseconds. Docker's --cpus keeps the kernel's 100 ms: a
+# container that used its share early in a period (a rank's burst of compute, its loader
+# workers) is stopped for the rest of it, up to tens of ms, and every other rank waits for it at
+# the next all-reduce; equal hosts under equal quotas then measured 0.56-1.67x of each other,
+# by when their bursts fell (2-core EPYC, tests/e2e/test_46_stragglers.py), which the
+# straggler detector would take for slow hosts. At 10 ms a stop lasts a few ms and each host
+# runs at its quota's pace. The kernel's least quota is 1 ms: a quota under 0.1 CPU gets a
+# longer period.
+CPU_PERIOD_US = 10_000
+CPU_QUOTA_MIN_US = 1_000
+
+
+def cpu_limits(cpus: float) -> tuple[int, int]:
+    """(CFS period, quota) in microseconds for a quota of ``cpus`` CPUs (> 0)."""
+    period = max(CPU_PERIOD_US, math.ceil(CPU_QUOTA_MIN_US / float(cpus)))
+    return period, max(CPU_QUOTA_MIN_US, round(float(cpus) * period))
 
 
 def container_params(
@@ -43,7 +60,8 @@ def container_params(
     host's network; of the storage only the data sets (read-only), the run directory and the
     host's own record directory of the run; removed when it exits (every record is written by
     then), never restarted, never pulled. ``ipc_host``: the host's IPC and /dev/shm, else a
-    private /dev/shm; ``cpus``, ``gpus``: 0 for none; ``devices``: ``path:path:rwm``."""
+    private /dev/shm; ``cpus`` (a CPU quota, in :func:`cpu_limits`' periods), ``gpus``: 0 for
+    none; ``devices``: ``path:path:rwm``."""
     params: dict = {
         "name": name,
         "image": image,
@@ -77,7 +95,9 @@ def container_params(
     else:
         params["shm_size"] = f"{int(shm_size_mb)}M"
     if float(cpus) > 0:
-        params["cpus"] = float(cpus)
+        period, quota = cpu_limits(cpus)
+        params["cpu_period"] = period
+        params["cpu_quota"] = quota
     if int(gpus) > 0:
         params["device_requests"] = [
             {"driver": "nvidia", "count": int(gpus), "capabilities": [["gpu"]]}
@@ -107,7 +127,8 @@ DOCKER_RUN: dict[str, Callable] = {
     "capabilities": lambda caps: [f"--cap-add={cap}" for cap in caps],
     "ipc_mode": _flag("--ipc"),
     "shm_size": _flag("--shm-size"),
-    "cpus": _flag("--cpus"),
+    "cpu_period": _flag("--cpu-period"),
+    "cpu_quota": _flag("--cpu-quota"),
     "user": _flag("--user"),
     "working_dir": _flag("--workdir"),
     "ulimits": lambda limits: ["--ulimit={}={}".format(*u.split(":", 1)) for u in limits],

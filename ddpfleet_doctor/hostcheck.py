@@ -79,8 +79,10 @@ def check_shm(shm_mb: int, ipc_host: bool) -> list[str]:
 
 
 def check_cpus(quota: float, available: int) -> list[str]:
-    """train_cpus (a Docker CPU quota; 0: none) must fit the host: dockerd refuses --cpus above
-    the CPUs it may use, when the container starts, after the run was launched."""
+    """train_cpus (a CPU quota; 0: none) must fit the host: a quota above the CPUs it may use
+    limits nothing (dockerd takes it as a CFS period and quota), a mistake (a typo, another
+    host's figure) that would go unseen; dockerd refused it as --cpus only when the container
+    started, after the run was launched."""
     if quota > available:
         return [f"train_cpus is {quota:g}, more than the {available} CPUs of this host"]
     return []

@@ -106,6 +106,9 @@ def test_balanced_run_gives_the_slow_host_the_smallest_share(cluster: Any, balan
     assert config["balance"]["source"].endswith(record["name"])  # no calibration
     assert "--batch-weights" in config["trainer_args"]
     assert config["cpus"][SLOW] == CPUS
+    # the quota as the doctor's check saw it from inside its container (in 10 ms periods:
+    # ddpfleet_doctor_cpu_quota, the run container's ddpfleet_agent.container.cpu_limits)
+    assert record["hosts"][SLOW]["compute"]["cpu_quota"] == CPUS, record["hosts"][SLOW]
     assert f"weights from {SHARED}/doctor/{record['name']}" in run.stdout
     assert len(set(data["param_sha256_per_rank"])) == 1  # the replicas stayed equal
     # the report: node3's row shows its share, and it is no straggler for it
@@ -128,8 +131,9 @@ def test_bad_weights_are_refused_before_anything_starts(cluster: Any) -> None:
 def test_a_quota_above_the_hosts_cpus_is_refused_by_preflight(
     cluster: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """dockerd would refuse ``--cpus`` above its CPUs only when the container starts: the
-    preflight refuses it first, naming the host, and nothing is launched."""
+    """A quota above the host's CPUs would limit nothing (as ``--cpus`` dockerd refused it
+    only when the container started): the preflight refuses it first, naming the host, and
+    nothing is launched."""
     path = tmp_path_factory.mktemp("quota") / "quota.yml"
     path.write_text("all:\n  hosts:\n    node2:\n      train_cpus: 4096\n")
     rid = run_id("bigquota")

@@ -15,7 +15,6 @@ nodes share 2 cores, and their own assertions count the starts of their runs).
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -23,6 +22,8 @@ import pytest
 from site_fixtures import figure, run_site
 from test_30_train import containers, run_file, run_id, summary, train, wait_for
 from test_35_faults import SPARE_STEPS, wait_attempts, wait_gone
+
+from ddpfleet_agent.container import cpu_limits
 
 # steps per log interval, the detector's unit (the median of 5 is its figure): each interval
 # of a start costs steps, most of them node3's slowed ones (at 5: 5.5 min of CI, 2.3 of them
@@ -38,20 +39,15 @@ QUIET = 6  # intervals trained unloaded before the quota: none may rebalance
 # a share (~0.1x), left out. The quota is then lifted to a whole core: fast again beyond
 # doubt (a host put back to the others' quota at a small share measures slower per image).
 EQUAL_CPUS, SLOWER_CPUS, SLOWEST_CPUS, LIFTED_CPUS = 0.4, 0.2, 0.06, 1.0
-# The quota's CFS period: Docker's --cpus keeps the kernel's 100 ms, whose 40 ms budget at 0.4
-# CPU holds a whole forward of this run (~25-50 ms of CPU). A rank that waited at the
-# all-reduce then runs its forward in one burst at a full core's speed, and the rank that never
-# waits (node1's rank 0: it also saves each checkpoint) is throttled in its own: equal hosts
-# measured 0.56-0.85x or 1.67x of each other by where they stood (a /proc watcher, 2-core
-# EPYC). A 10 ms period leaves a burst 4 ms of a forward: each runs at its quota's pace. (The
-# kernel's least quota is 1 ms: SLOWEST_CPUS gets a longer period.)
-PERIOD_US = 10_000
+# The quota goes in train_cpus' CFS periods (ddpfleet_agent.container.cpu_limits: 10 ms, not
+# Docker's 100 ms, whose 40 ms budget at 0.4 CPU holds a whole forward of this run, ~25-50 ms of
+# CPU: equal hosts measured 0.56-0.85x or 1.67x of each other by when their bursts fell).
 
 
 def quota(cluster: Any, node: Any, rid: str, cpus: float) -> None:
-    period = max(PERIOD_US, math.ceil(1000 / cpus))
-    limit = f"--cpu-period {period} --cpu-quota {round(cpus * period)}"
-    done = cluster.ssh(node, f"docker update {limit} ddpfleet-{rid}-{node.name}")
+    period, limit = cpu_limits(cpus)
+    update = f"docker update --cpu-period {period} --cpu-quota {limit} ddpfleet-{rid}-{node.name}"
+    done = cluster.ssh(node, update)
     assert done.returncode == 0, done.stderr
 
 

@@ -54,7 +54,8 @@ def task(path: Path, name: str) -> dict:
 def test_the_variants_reach_every_branch_of_the_builder() -> None:
     source = inspect.getsource(container_params)
     optional = {k for k in every_key() if f'params["{k}"] =' in source}
-    assert optional == {"ipc_mode", "shm_size", "cpus", "device_requests", "devices"}
+    quota = {"cpu_period", "cpu_quota"}
+    assert optional == {"ipc_mode", "shm_size", "device_requests", "devices"} | quota
 
 
 @pytest.mark.parametrize("params", built(), ids=list(VARIANTS))
@@ -65,6 +66,24 @@ def test_the_slurm_path_translates_every_parameter(params: dict) -> None:
     for key in params.keys() - set(POSITIONAL) - {"init"}:  # init: false is docker run's own
         assert DOCKER_RUN[key](params[key]), key
     docker_run_argv(params, "42")
+
+
+@pytest.mark.parametrize(
+    ("cpus", "limits"),
+    [
+        (0.5, (10_000, 5_000)),  # a 10 ms period, not Docker's 100 ms
+        (8, (10_000, 80_000)),  # 8 CPUs: 80 ms of CPU time in each 10 ms
+        (0.06, (16_667, 1_000)),  # the kernel's least quota, 1 ms: a longer period
+        (0.01, (100_000, 1_000)),  # Docker's least --cpus
+    ],
+)
+def test_a_cpu_quota_runs_in_10_ms_periods(cpus: float, limits: tuple[int, int]) -> None:
+    assert container.cpu_limits(cpus) == limits
+    params = container_params(**ARGS, ipc_host=True, cpus=cpus, gpus=0, devices=[])
+    assert (params["cpu_period"], params["cpu_quota"]) == limits
+    argv = docker_run_argv(params, "42")
+    assert f"--cpu-period={limits[0]}" in argv
+    assert f"--cpu-quota={limits[1]}" in argv
 
 
 def test_every_docker_run_form_is_one_the_builder_makes() -> None:

@@ -18,6 +18,7 @@ output = load_plugin(
     "ddpfleet_doctor_output", "roles/doctor/filter_plugins/ddpfleet_doctor_output.py"
 )
 table = load_plugin("ddpfleet_doctor_table", "roles/doctor/filter_plugins/ddpfleet_doctor_table.py")
+cpus = load_plugin("ddpfleet_doctor_cpus", "roles/doctor/filter_plugins/ddpfleet_doctor_cpus.py")
 SPECS = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 TIME = "2025-01-02T03:04:05Z"
@@ -309,13 +310,19 @@ def test_table_lists_each_gpu_with_its_health():
     assert lines[-1].startswith("no flags")
 
 
+def test_a_check_container_gets_the_quota_of_a_run_container_in_the_same_periods():
+    assert cpus.cpu_quota(0.3) == {"period": 10_000, "quota": 3_000}
+    assert cpus.cpu_quota(0.06) == {"period": 16_667, "quota": 1_000}
+    assert cpus.cpu_quota(0) == {}  # no quota: docker_container's options omitted
+
+
 # --- the plugin files -----------------------------------------------------------------------
 
 
 def test_each_plugin_file_stands_alone_and_the_tasks_filters_are_each_defined_once():
     """Ansible loads every file in filter_plugins/ as a plugin of its own: each has its
     FilterModule, and the filters the tasks use are all there, none twice."""
-    loaded = {Path(module.__file__).stem: module for module in (doctor, output, table)}
+    loaded = {Path(module.__file__).stem: module for module in (doctor, output, table, cpus)}
     assert {f.stem for f in PLUGINS.glob("*.py")} == set(loaded)
     names = [name for module in loaded.values() for name in module.FilterModule().filters()]
     assert len(names) == len(set(names))
