@@ -16,9 +16,9 @@ chose, and the ratio, last.
 
 Mid-run (``--mid-run``, then only this part): the hosts start equal (no ``train_cpus``); two
 train.yml runs of ``--mid-run-steps`` steps, a checkpoint every 4, ``train_rebalance=off`` and
-``auto``. Once progress.json says step ``--slow-at``, the slow host's run container gets
-``docker update --cpus`` (as another job taking the host's CPUs would). Prints each run's img/s
-from the slowdown to its last step, for auto the time from the slowdown to the first step with
+``auto``. Once progress.json says step ``--slow-at``, the slow host's run container gets a
+CPU quota by ``docker update`` (as another job taking the host's CPUs would). Prints each run's
+img/s from the slowdown to its last step, for auto the time from the slowdown to the first step with
 new shares (the first attempt whose cause is ``rebalanced: ...``) and that cause, and the
 ratio, last.
 
@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the sandbox package, beside bench/
 
+from ddpfleet_agent.container import cpu_limits  # noqa: E402
 from sandbox.settings import make_settings  # noqa: E402
 
 INVENTORY = ROOT / "inventory" / "sandbox" / "hosts.yml"
@@ -55,7 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--cpus",
         type=float,
         default=0.2,
-        help="its CPU quota: train_cpus, or with --mid-run docker update --cpus",
+        help="its CPU quota: train_cpus, or with --mid-run docker update (in train_cpus' periods)",
     )
     p.add_argument("--arch", default="resnet18")
     p.add_argument("--image-size", type=int, default=128)
@@ -185,7 +186,7 @@ def report_launch_time(args: argparse.Namespace, results: dict, balance: dict) -
     print(f"auto / off: {ratio:.2f}x")
 
 
-# --- mid-run: docker update --cpus at --slow-at, train_rebalance off vs auto -------------------
+# --- mid-run: docker update of the quota at --slow-at, train_rebalance off vs auto ------------
 
 
 def mid_run(args: argparse.Namespace, stamp: str) -> int:
@@ -204,7 +205,7 @@ def mid_run(args: argparse.Namespace, stamp: str) -> int:
             for mode in ("off", "auto")
         }
     print(
-        f"slow host {args.slow_host} at docker update --cpus {args.cpus:g} from step "
+        f"slow host {args.slow_host} at a {args.cpus:g} CPU quota (docker update) from step "
         f"{args.slow_at}; {args.arch} at {args.image_size} px, global batch "
         f"{args.batch_size * HOSTS}, {args.mid_run_steps} steps"
     )
@@ -320,8 +321,11 @@ def wait_for(run_id: str, done: Callable[[dict], bool]) -> dict:
 
 def slow_down(run_id: str, host: str, cpus: float) -> None:
     """A CPU quota on the host's run container (roles/trainer_run's _trainer_run_container:
-    ddpfleet-<run_id>-<inventory host>), through the Docker daemon of its node container."""
-    update = ["docker", "update", "--cpus", f"{cpus:g}", f"ddpfleet-{run_id}-{host}"]
+    ddpfleet-<run_id>-<inventory host>), through the Docker daemon of its node container, in
+    the CFS periods a train_cpus quota gets (ddpfleet_agent.container.cpu_limits)."""
+    period, quota = cpu_limits(cpus)
+    limit = ["--cpu-period", str(period), "--cpu-quota", str(quota)]
+    update = ["docker", "update", *limit, f"ddpfleet-{run_id}-{host}"]
     cmd = ["docker", "exec", node_container(host), *update]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:

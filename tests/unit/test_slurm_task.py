@@ -41,7 +41,8 @@ def test_docker_run_has_every_kept_parameter_and_the_job_label() -> None:
     assert options[:2] == ["docker", "run"]
     for option in [
         "--rm", "--pull=never", "--restart=no", "--cap-add=SYS_PTRACE", "--shm-size=2048M",
-        "--ulimit=memlock=-1:-1", "--ulimit=stack=67108864:67108864", "--cpus=0.5", "--gpus=8",
+        "--ulimit=memlock=-1:-1", "--ulimit=stack=67108864:67108864", "--cpu-period=10000",
+        "--cpu-quota=5000", "--gpus=8",
         "--device=/dev/infiniband/uverbs0:/dev/infiniband/uverbs0:rwm", "--user=2000:2000",
         "--workdir=/srv/ddpfleet/runs/r1",
         "--mount=type=bind,source=/srv/d/datasets,target=/srv/d/datasets,readonly",
@@ -61,7 +62,7 @@ def test_docker_run_has_every_kept_parameter_and_the_job_label() -> None:
 def test_optional_parameters_are_left_out() -> None:
     params = {k: PARAMS[k] for k in ("name", "image", "user", "mounts", "labels", "command")}
     argv = task.docker_run_argv(params, "7")
-    assert not [w for w in argv if w.startswith(("--gpus", "--cpus", "--ipc", "--device"))]
+    assert not [w for w in argv if w.startswith(("--gpus", "--cpu-", "--ipc", "--device"))]
     assert argv[-len(params["command"]) - 1 :] == [params["image"], *params["command"]]
 
 
