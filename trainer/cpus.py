@@ -10,7 +10,8 @@ from pathlib import Path
 
 
 def cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
-    """The container's CPU quota in cores (docker --cpus), None when unlimited or unknown."""
+    """The container's CPU quota in cores (quota / CFS period: train_cpus), None when unlimited
+    or unknown."""
     base = Path(root)
     try:
         quota, period = (base / "cpu.max").read_text().split()[:2]  # cgroup v2
