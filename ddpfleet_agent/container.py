@@ -29,9 +29,11 @@ CPU_QUOTA_MIN_US = 1_000
 
 
 def cpu_limits(cpus: float) -> tuple[int, int]:
-    """(CFS period, quota) in microseconds for a quota of ``cpus`` CPUs (> 0)."""
-    period = max(CPU_PERIOD_US, math.ceil(CPU_QUOTA_MIN_US / float(cpus)))
-    return period, max(CPU_QUOTA_MIN_US, round(float(cpus) * period))
+    """(CFS period, quota) in microseconds for a quota of ``cpus`` CPUs (> 0); the period is
+    long enough that the quota is at least the kernel's least."""
+    cpus = float(cpus)
+    period = max(CPU_PERIOD_US, math.ceil(CPU_QUOTA_MIN_US / cpus))
+    return period, round(cpus * period)
 
 
 def container_params(
