@@ -9,10 +9,10 @@ forward pass, not the all-reduce that makes every host as slow as the slowest). 
 ``b`` and times ``t`` a step takes ``max(b * t)``; the balanced step is ``sum(b) / sum(1/t)``. A
 host's load is its step over the balanced one. Each host's figure is the median of its last
 ``WINDOW`` intervals (2-step intervals on the sandbox put a host 1.3x over in half of them,
-medians of 5 intervals of 4-6 steps never did); the run rebalances when a host's load was at
-least ``THRESHOLD`` in ``NEEDED`` evaluations in a row, at most ``MOST_PER_HOUR`` times an hour;
-a host under ``LEAVE_OUT`` in NEEDED intervals in a row by themselves, at once. The same rule
-gives a share back once the slow host is fast again. A host slower than ``LEAVE_OUT`` is left
+medians of 5 intervals of 4-6 steps never did); the run rebalances when the shares no longer fit
+the speeds (``worth``) in ``NEEDED`` evaluations in a row, at most ``MOST_PER_HOUR`` times an
+hour; a host under ``LEAVE_OUT`` in NEEDED intervals in a row by themselves, at once. The same
+rule gives a share back once the slow host is fast again. A host slower than ``LEAVE_OUT`` is left
 out instead (``too_slow``), where the run may go on without it, and asks to come back once
 doctor's compute check in place is ``GAIN`` times its figure when left out (gate.py).
 """
@@ -23,7 +23,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-THRESHOLD = 1.3  # a host's step over the balanced step: what a rebalance would gain at least
+THRESHOLD = 1.3  # a host's load this far over or under the balanced step's 1.0: beyond noise
+WORTH = 1.1  # the least a rebalance must gain: the step now over the balanced one
 WINDOW = 5  # log intervals whose median time per image is each host's figure
 NEEDED = 2  # evaluations in a row over the threshold
 MOST_PER_HOUR = 4  # rebalances, whatever the intervals say
@@ -80,10 +81,19 @@ def observe(
     if len(history) < WINDOW:
         return Watch(step=step, times=history, rebalanced=recent, far=far), None
     middle = _medians(history)
-    over = watch.over + 1 if max(loads(shares, middle)) >= THRESHOLD else 0
+    over = watch.over + 1 if worth(loads(shares, middle)) else 0
     if over >= NEEDED and len(recent) < MOST_PER_HOUR:
         return Watch(step=step, rebalanced=(*recent, now)), middle
     return Watch(step=step, times=history, over=over, rebalanced=recent, far=far), None
+
+
+def worth(load: Sequence[float]) -> bool:
+    """Whether the hosts' loads call for new shares: a host THRESHOLD over the balanced step
+    (it paces the others), or one THRESHOLD under it (a host given a smaller share that is fast
+    again: the hosts that took its images are THRESHOLD over only where its share was cut to
+    0.4 or less; of three equal hosts, one at half a share gains 1.25x with it back), and a gain
+    of WORTH at least. Equal hosts' noise moves loads both ways alike: either side is as rare."""
+    return max(load) >= WORTH and (max(load) >= THRESHOLD or min(load) <= 1.0 / THRESHOLD)
 
 
 def _medians(history: Sequence[Sequence[float]]) -> list[float]:

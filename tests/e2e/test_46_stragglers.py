@@ -1,8 +1,9 @@
 """A host that becomes slow during a run (train_rebalance=auto), caused for real in the sandbox:
 node3's run container gets a CPU quota mid-run (``docker update --cpu-quota``), as another job
 on the host would take its CPUs. Node rank 0's agent finds it from the ranks' own time per image
-and restarts the ranks at the next checkpoint with node3's share smaller. Slowed further, under
-a quarter of the others' speed, node3 is left out (the run takes hosts back: train_min_hosts=2):
+and restarts the ranks at the next checkpoint with node3's share smaller; given the others'
+quota again, it gets its share back. Slowed further, under a quarter of the others' speed, node3
+is left out (the run takes hosts back: train_min_hosts=2):
 the others go on with its images. Its agent runs doctor's compute check in place, and once the
 quota is lifted and a check is twice as fast as when it was left out, it asks to come back and
 is taken back at a checkpoint with its full share. None of this counts as a restart, the global
@@ -35,9 +36,11 @@ QUIET = 6  # intervals trained unloaded before the quota: none may rebalance
 # rebalanced for): every node's run container gets the same quota, under half a core, so equal
 # hosts are equal wherever they run (from the first step on: the start's first interval is its
 # warm-up, not counted). node3's is then cut to half of it: a smaller share (its
-# measured speed, ~0.4x, stays over stragglers.LEAVE_OUT's 0.25x), then to 0.06: too slow for
-# a share (~0.1x), left out. The quota is then lifted to a whole core: fast again beyond
-# doubt (a host put back to the others' quota at a small share measures slower per image).
+# measured speed, ~0.4x, stays over stragglers.LEAVE_OUT's 0.25x), then put back to the
+# others': its share back (the hosts that took its images are ~1.2x over the balanced step,
+# under stragglers.THRESHOLD, and node3 as far under: stragglers.worth), then cut to 0.06: too
+# slow for a share (~0.1x), left out. The quota is then lifted to a whole core, so that its
+# compute check is twice the one it was left out with.
 EQUAL_CPUS, SLOWER_CPUS, SLOWEST_CPUS, LIFTED_CPUS = 0.4, 0.2, 0.06, 1.0
 # The quota goes in train_cpus' CFS periods (ddpfleet_agent.container.cpu_limits: 10 ms, not
 # Docker's 100 ms, whose 40 ms budget at 0.4 CPU holds a whole forward of this run, ~25-50 ms of
@@ -77,7 +80,9 @@ def slowed(cluster: Any) -> dict:
         quota(cluster, node, rid, EQUAL_CPUS)
     quiet = wait_for(cluster, rid, None, step=first + QUIET * LOG_EVERY)
     took = {}
-    for cpus, starts, what in ((SLOWER_CPUS, 2, "smaller share"), (SLOWEST_CPUS, 3, "left out")):
+    phases = ((SLOWER_CPUS, 2, "smaller share"), (EQUAL_CPUS, 3, "share back"),
+              (SLOWEST_CPUS, 4, "left out"))  # fmt: skip
+    for cpus, starts, what in phases:
         quota(cluster, slow, rid, cpus)
         slowed_at = time.time()
         wait_attempts(cluster, rid, starts, timeout=240)
@@ -88,7 +93,7 @@ def slowed(cluster: Any) -> dict:
     wait_line(cluster, rid, slow.name, "as it was left out", 300)
     quota(cluster, slow, rid, LIFTED_CPUS)
     lifted_at = time.time()
-    attempts = wait_attempts(cluster, rid, 4, timeout=240)
+    attempts = wait_attempts(cluster, rid, 5, timeout=240)
     took["back"] = time.time() - lifted_at
     figure(f"quota lifted -> first step with node3 back: {took['back']:.1f} s")
     stop = run_site(cluster, "-e", f"run_id={rid}", playbook="stop.yml")
@@ -97,6 +102,7 @@ def slowed(cluster: Any) -> dict:
     data = summary(cluster, rid)
     shares = [(a["hosts"], a.get("shares")) for a in data["attempts"]]
     figure(f"each start's hosts and shares: {shares}")
+    figure(f"the rebalances: {[a['cause'] for a in data['attempts'][1:4]]}")
     log = run_file(cluster, rid, f"nodes/{slow.name}.log")
     return {"rid": rid, "quiet": quiet, "data": data, "status": status, "took": took,
             "attempts": attempts, "log": log}  # fmt: skip
@@ -119,20 +125,31 @@ def test_a_slowed_host_gets_a_smaller_share_at_a_checkpoint(cluster: Any, slowed
     assert smaller["hosts"] == [n.name for n in cluster.nodes]
 
 
+def test_its_share_comes_back_once_it_is_as_fast_as_the_others(slowed: dict) -> None:
+    _, smaller, again = slowed["data"]["attempts"][:3]
+    assert again["cause"].startswith("rebalanced: "), again
+    assert again["hosts"] == smaller["hosts"]
+    shares, before = host_shares(again), host_shares(smaller)
+    assert shares["node3"] > before["node3"], (before, shares)
+    assert sum(shares.values()) == 48
+    assert again["speeds"]["node3"] > 0.6, again["speeds"]  # no longer the ~0.4x it was
+    assert again["from_step"] % LOG_EVERY == 0  # a checkpoint's step
+
+
 def test_a_host_too_slow_for_a_share_is_left_out_and_the_others_go_on(
     cluster: Any, slowed: dict
 ) -> None:
-    _, smaller, without = slowed["data"]["attempts"][:3]
+    again, without = slowed["data"]["attempts"][2:4]
     assert without["hosts"] == ["node1", "node2"], without
     assert without["cause"].startswith("rebalanced: "), without
-    assert f"node3 {host_shares(smaller)['node3']} -> out (" in without["cause"]
+    assert f"node3 {host_shares(again)['node3']} -> out (" in without["cause"]
     assert without["speeds"]["node3"] < 0.25, without["speeds"]
     assert without["from_step"] % LOG_EVERY == 0  # a checkpoint's step
     assert sum(without["shares"]) == 48
 
 
 def test_it_is_taken_back_with_its_full_share_once_its_compute_check_passes(slowed: dict) -> None:
-    _, smaller, without, back = slowed["data"]["attempts"][:4]
+    _, smaller, _, without, back = slowed["data"]["attempts"][:5]
     assert back["hosts"] == ["node1", "node2", "node3"], back
     assert back["cause"].startswith("node3 back: rejoined at the checkpoint of step "), back
     assert back["from_step"] > without["from_step"]
@@ -151,9 +168,9 @@ def test_rebalancing_keeps_the_global_batch_and_counts_no_restart(slowed: dict) 
     data = slowed["data"]
     assert data["status"] == "stopped", (data.get("cause"), data["attempts"])
     assert data["restarts"] == 0
-    # the two rebalances and the take-back, none other (the run goes on until stop.yml)
-    assert len(data["attempts"]) == 4, data["attempts"]
-    assert all(a["cause"].startswith("rebalanced: ") for a in data["attempts"][1:3])
+    # the three rebalances and the take-back, none other (the run goes on until stop.yml)
+    assert len(data["attempts"]) == 5, data["attempts"]
+    assert all(a["cause"].startswith("rebalanced: ") for a in data["attempts"][1:4])
     batches = {a["global_batch"] for a in data["attempts"]}
     assert batches == {data["global_batch"]} == {48}
     assert all(sum(a["shares"]) == 48 for a in data["attempts"])
@@ -161,7 +178,7 @@ def test_rebalancing_keeps_the_global_batch_and_counts_no_restart(slowed: dict) 
 
 def test_status_names_the_shares_the_run_goes_on_with(cluster: Any, slowed: dict) -> None:
     """status.yml while the run went on without node3: its progress line."""
-    status, again = slowed["status"], slowed["data"]["attempts"][2]
+    status, again = slowed["status"], slowed["data"]["attempts"][3]
     assert status.rc == 0, status.tail()
     assert f", {again['cause']})" in " ".join(status.stdout.split()), status.tail()
     assert containers(cluster, slowed["rid"]) == {}  # stop.yml ended it

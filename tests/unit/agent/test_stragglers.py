@@ -91,6 +91,42 @@ def test_the_share_comes_back_once_the_host_is_fast_again():
     assert fired == [WINDOW + NEEDED - 1], fired  # its warm-up, a full window, then NEEDED
 
 
+def test_a_host_given_half_a_share_gets_it_back_once_it_is_as_fast_as_the_others():
+    """At half the others' speed the host got half a share: once it is as fast again the
+    others are only 1.25x over the balanced step (under THRESHOLD), and it is 0.63x under:
+    that side calls for new shares too, with the gain over WORTH."""
+    shares = [20, 20, 8]  # tests/e2e/test_46's measured half speed: [19, 20, 9] and the like
+    fired, watch = run(noisy(12, base=(1.0, 1.0, 2.0), spread=0.05), shares)
+    assert fired == []  # the shares fit the speeds
+    assert max(stragglers.loads(shares, [1.0, 1.0, 1.0])) < THRESHOLD
+    fired, _ = run(noisy(12, spread=0.05), shares, watch=watch.restarted())
+    assert fired == [WINDOW + NEEDED - 1], fired
+
+
+def test_the_share_comes_back_though_a_small_share_measures_slower_per_image():
+    """A host at a small share spends its step's fixed costs on fewer images: 1.2x the
+    others' time per image when as fast as they are. Its share still comes back."""
+    shares = [20, 20, 8]
+    fired, _ = run(noisy(12, base=(1.0, 1.0, 1.2), spread=0.05), shares)
+    assert fired == [WINDOW + NEEDED - 1], fired
+
+
+def test_a_gain_under_worth_is_no_rebalance_however_far_under_a_host_is():
+    """Twenty hosts, one 1.5x as fast as its share says: the others would gain 1.02x, not
+    worth a restart, though that host is 0.68x under the balanced step."""
+    base = (1.0,) * 19 + (1 / 1.5,)
+    load = stragglers.loads([5] * 20, base)
+    assert min(load) < 1 / THRESHOLD
+    assert max(load) < stragglers.WORTH
+    assert not stragglers.worth(load)
+    assert run(noisy(30, base=base, spread=0.05), [5] * 20)[0] == []
+
+
+def test_equal_hosts_with_one_a_little_faster_keep_their_shares():
+    """One host 15% faster than the others: under THRESHOLD either way, no rebalance."""
+    assert run(noisy(100, base=(1.0, 1.0, 0.87), spread=0.05), [32, 32, 32])[0] == []
+
+
 def test_a_host_that_flaps_every_other_interval_does_not_rebalance():
     series = [[1.0, 1.0, 3.0] if i % 2 else [1.0, 1.0, 1.0] for i in range(60)]
     assert run(series, [32, 32, 32])[0] == []
