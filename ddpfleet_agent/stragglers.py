@@ -26,7 +26,7 @@ from dataclasses import dataclass
 THRESHOLD = 1.3  # a host's load this far over or under the balanced step's 1.0: beyond noise
 WORTH = 1.1  # the least a rebalance must gain: the step now over the balanced one
 WINDOW = 5  # log intervals whose median time per image is each host's figure
-NEEDED = 2  # evaluations in a row over the threshold
+NEEDED = 2  # evaluations in a row that call for new shares (worth)
 MOST_PER_HOUR = 4  # rebalances, whatever the intervals say
 LEAVE_OUT = 0.25  # a host under this speed (the median host's 1.0) is left out, not given a share
 GAIN = 2.0  # a host left out comes back once its compute check is this many times its first
@@ -92,7 +92,8 @@ def worth(load: Sequence[float]) -> bool:
     (it paces the others), or one THRESHOLD under it (a host given a smaller share that is fast
     again: the hosts that took its images are THRESHOLD over only where its share was cut to
     0.4 or less; of three equal hosts, one at half a share gains 1.25x with it back), and a gain
-    of WORTH at least. Equal hosts' noise moves loads both ways alike: either side is as rare."""
+    of WORTH at least. Equal hosts' noise moves loads both ways alike, and the window's medians
+    smooth either side (tests/unit/agent/test_stragglers.py)."""
     return max(load) >= WORTH and (max(load) >= THRESHOLD or min(load) <= 1.0 / THRESHOLD)
 
 
