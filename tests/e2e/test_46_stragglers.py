@@ -37,8 +37,8 @@ QUIET = 6  # intervals trained unloaded before the quota: none may rebalance
 # hosts are equal wherever they run (from the first step on: the start's first interval is its
 # warm-up, not counted). node3's is then cut to half of it: a smaller share (its
 # measured speed, ~0.4x, stays over stragglers.LEAVE_OUT's 0.25x), then put back to the
-# others': its share back (the hosts that took its images are ~1.2x over the balanced step,
-# under stragglers.THRESHOLD, and node3 as far under: stragglers.worth), then cut to 0.06: too
+# others': its share back (the hosts that took its images are ~1.25x over the balanced step,
+# under stragglers.THRESHOLD, and node3 about half of it: stragglers.worth), then cut to 0.06: too
 # slow for a share (~0.1x), left out. The quota is then lifted to a whole core, so that its
 # compute check is twice the one it was left out with.
 EQUAL_CPUS, SLOWER_CPUS, SLOWEST_CPUS, LIFTED_CPUS = 0.4, 0.2, 0.06, 1.0

@@ -93,7 +93,7 @@ def test_the_share_comes_back_once_the_host_is_fast_again():
 
 def test_a_host_given_half_a_share_gets_it_back_once_it_is_as_fast_as_the_others():
     """At half the others' speed the host got half a share: once it is as fast again the
-    others are only 1.25x over the balanced step (under THRESHOLD), and it is 0.63x under:
+    others are only 1.25x over the balanced step (under THRESHOLD), and it is 0.5x under:
     that side calls for new shares too, with the gain over WORTH."""
     shares = [20, 20, 8]  # tests/e2e/test_46's measured half speed: [19, 20, 9] and the like
     fired, watch = run(noisy(12, base=(1.0, 1.0, 2.0), spread=0.05), shares)
