@@ -146,10 +146,11 @@ def restart_lines(run_id: str, p: dict, shown: int) -> list[str]:
 
 class Shown:
     """What train.yml's follow printed so far: each poll prints the restarts not shown yet, then
-    the progress line when the step or hosts changed (a program without heartbeats: each minute)."""
+    the progress line when the step or hosts changed (a program without heartbeats: each minute).
+    ``restarts``: those an earlier follow of the run said (it read through another host)."""
 
-    def __init__(self, run_id: str) -> None:
-        self.run_id, self.restarts, self.last = run_id, 0, None
+    def __init__(self, run_id: str, restarts: int = 0) -> None:
+        self.run_id, self.restarts, self.last = run_id, restarts, None
 
     def new_lines(self, snap: dict) -> list[str]:
         p = snap["progress"]

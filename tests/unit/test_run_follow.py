@@ -491,6 +491,7 @@ def run_action(
     task = mock.MagicMock(async_val=0, check_mode=False)
     task.args = {"run_dir": "/runs/r", "run_id": "r", "hosts": HOSTS, "poll_interval": 5,
                  "owner_uid": 2000, "owner_gid": 2000, **args}  # fmt: skip
+    task.delegate_to = "node2"  # the trainer whose connection the task has
     action = follow.ActionModule(task, mock.MagicMock(), mock.MagicMock(), None, None, None)
     commands: list[str] = []
 
@@ -594,6 +595,43 @@ def test_follow_fails_when_the_run_dir_cannot_be_read_for_too_long():
     result, _, _ = run_action([files(prog=progress()), 255], attempt="a2", stale_after=30)
     assert result["failed"] is True
     assert result["msg"] == "cannot read /runs/r: ssh: connection refused"
+
+
+def test_a_follow_with_a_trainer_after_it_hands_over_at_its_first_failed_read():
+    """follow.yml's loop: node rank 0's host lost, the next trainer reads the same run directory;
+    the restarts said so far go with the hand-over, and nothing is slept or retried here."""
+    attempts = [{"restart": 0, "cause": None, "hosts": HOSTS},
+                {"restart": 1, "cause": "run r failed: host x", "hosts": HOSTS}]  # fmt: skip
+    reads = [files(prog=progress(step=3, restarts=1, attempts=attempts)), 255]
+    clock = Sleeps()
+    result, shown, commands = run_action(reads, clock=clock, attempt="a2", move_on=True)
+    assert (result.get("failed"), result["unread"], result["shown"]) == (None, True, 1)
+    assert result["msg"] == "ssh: connection refused"
+    assert shown[-1] == (
+        "run r: its records cannot be read through node2 (ssh: connection refused); reading "
+        "them through the next trainer"
+    )
+    assert result["lines"] == shown[:-1]  # the restart and the progress line, said once
+    assert (len(commands), clock.slept) == (2, [5.0])
+
+
+def test_the_next_trainer_s_follow_does_not_say_a_restart_again():
+    attempts = [{"restart": 0, "cause": None, "hosts": HOSTS},
+                {"restart": 1, "cause": "run r failed: host x", "hosts": HOSTS},
+                {"restart": 2, "cause": "run r failed: host y", "hosts": HOSTS}]  # fmt: skip
+    reads = [files(prog=ended("completed", restarts=2, attempts=attempts), summary={})]
+    result, shown, _ = run_action(reads, attempt="a2", shown=1)
+    assert result["outcome"] == "completed"
+    assert [line for line in shown if "restarted" in line] == [
+        "run r: restarted in place (2) from the newest checkpoint after: run r failed: host y"
+    ]
+
+
+def test_the_last_trainer_s_follow_retries_a_failed_read():
+    reads = [255, files(prog=ended("completed"), summary={"status": "completed"})]
+    result, shown, commands = run_action(reads, attempt="a2", move_on=False)
+    assert (result["outcome"], len(commands)) == ("completed", 2)
+    assert not any("next trainer" in line for line in shown)
 
 
 def test_a_read_that_timeout_ended_says_the_storage_may_be_gone():

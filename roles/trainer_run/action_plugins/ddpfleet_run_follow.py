@@ -8,8 +8,13 @@ failed: node rank 0's agent writes it, after summary.json and report.txt); a pol
 on the node for it, so the end is seen within a quarter second. once: a single read, with the
 run's status word and status.yml's lines (containers: {host: docker state or ''}). Returns
 outcome, summary, exits, progress, config, attempt, links (the links planted among ddpfleet's
-own files: ddpfleet_agent/reader.py), report and plot (report.txt's text, report.png there) and
-lines (the progress lines shown).
+own files: ddpfleet_agent/reader.py), report and plot (report.txt's text, report.png there),
+lines (the progress lines shown) and shown (the restarts said so far).
+
+move_on: another trainer reads the same run directory (the shared storage), so the first read
+that fails ends this follow with ``unread`` and why (not failed): follow.yml goes on through the
+next trainer, as when node rank 0's host is lost, and passes ``shown`` on so that no restart is
+said twice. The last trainer's reads retry until the agents have been silent for stale_after.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ SPEC = {
     "stale_after": {"type": "float", "default": 90.0},
     "once": {"type": "bool", "default": False},
     "containers": {"type": "dict", "default": {}},
+    "move_on": {"type": "bool", "default": False},
+    "shown": {"type": "int", "default": 0},
     "owner_uid": {"type": "int", "required": True},
     "owner_gid": {"type": "int", "required": True},
 }
@@ -67,7 +74,7 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         _, a = self.validate_argument_spec(argument_spec=SPEC)
         run_id, hosts, lines = a["run_id"], a["hosts"], []
-        snap, shown, seen, error = None, view.Shown(run_id), None, ""
+        snap, shown, seen, error = None, view.Shown(run_id, a["shown"]), None, ""
         wait = 0.0 if a["once"] else min(a["poll_interval"], MAX_WAIT)
         last_change = time.monotonic()
         while a["once"] or time.monotonic() - last_change <= a["stale_after"]:
@@ -76,6 +83,12 @@ class ActionModule(ActionBase):
             now = time.monotonic()
             if files is None and a["once"]:
                 break
+            if files is None and a["move_on"]:
+                here = self._task.delegate_to or (task_vars or {}).get("inventory_hostname")
+                display.display(f"run {run_id}: its records cannot be read through {here} "
+                                f"({error}); reading them through the next trainer")  # fmt: skip
+                return {**result, "unread": True, "msg": error, "lines": lines,
+                        "shown": shown.restarts}  # fmt: skip
             if files is not None:
                 snap = view.snapshot(files, run_id, hosts, a["attempt"])
                 if a["once"]:
