@@ -291,9 +291,9 @@ def wait_end(run_id: str) -> tuple[dict, float]:
     0's agent writes one every 2 s from its first rank's heartbeat (written every 1 s), so it
     comes at most ~3 s after the step, as the step read at the slowdown lags by as much. No
     record says when the last step ended: metrics.jsonl's rows have no time, summary.json's
-    wall_time_sec counts from the last start's trainer process and takes in its final
-    checkpoint, and attempts' ``ended`` is when node rank 0's agent recorded its exit, after
-    the ranks exited and the peers' wait. Should no running record have shown the last step,
+    wall_time_sec (and last_start_wall_time_sec) takes in the final checkpoint, and attempts'
+    ``ended`` is when node rank 0's agent recorded its exit, after the ranks exited and the
+    peers' wait. Should no running record have shown the last step,
     the final record's time stands in (later: the figure is then a little low)."""
     first_seen: dict[int, float] = {}  # a step repeated after a restart keeps its first time
 

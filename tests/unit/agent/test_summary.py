@@ -84,6 +84,10 @@ def test_summary_appears_once_whole_with_its_status_and_attempts(cluster, option
         assert summary["program"] == "train.py"
     else:
         assert summary["steps"] == PART["steps"]  # the trainer's part, merged
+    if restarts:  # the run's wall time spans its starts; the part's is the last start's
+        first, last = summary["attempts"][0], summary["attempts"][-1]
+        assert summary["wall_time_sec"] == round(last["ended"] - first["started"], 1)
+        assert summary["last_start_wall_time_sec"] == PART["wall_time_sec"]
     assert not c.part_path.exists()  # consumed: a later attempt never merges it again
     assert "status completed" in (c.run_dir / "report.txt").read_text()  # drawn from it
 
@@ -184,6 +188,19 @@ def test_merge_of_a_program_drops_an_earlier_attempt_s_outcome_and_keeps_its_key
     summary = merge(earlier, ending_, ATTEMPTS, 0)
     assert (summary["status"], summary["acc"], summary["run_id"]) == ("completed", 0.5, "t1")
     assert not {"failure", "cause"} & summary.keys()
+
+
+def test_a_restarted_run_s_wall_time_is_from_its_first_start_to_its_end() -> None:
+    """The trainer's part counts its own start alone (7.8 s of a 68.2 s run that lost a host
+    seen in the sandbox); the run's is the first start's to the last start's end."""
+    starts = [{**ATTEMPTS[0], "started": 1000.0, "ended": 1021.5},
+              {**ATTEMPTS[0], "restart": 1, "started": 1040.2, "ended": 1068.2}]  # fmt: skip
+    summary = merge({**PART, "wall_time_sec": 7.8}, {"attempt": "a2"}, starts, 1)
+    assert (summary["wall_time_sec"], summary["last_start_wall_time_sec"]) == (68.2, 7.8)
+    one = merge(PART, {"attempt": "a2"}, starts[:1], 0)  # one start: the trainer's, as it was
+    assert (one["wall_time_sec"], "last_start_wall_time_sec" in one) == (3.2, False)
+    unknown = [starts[0], {**starts[1], "ended": None}]  # a stand-in's end: no time recorded
+    assert merge(PART, {"attempt": "a2"}, unknown, 1)["wall_time_sec"] == 3.2
 
 
 def test_merge_base_is_the_part_else_this_attempt_s_summary(tmp_path: Path) -> None:
