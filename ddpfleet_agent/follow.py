@@ -164,6 +164,18 @@ class Shown:
         return lines
 
 
+def container_states(hosts: list[str], looked: list[object]) -> dict[str, str]:
+    """{host: the Docker state of its container of the run, '' where it has none, unreachable
+    where the controller could not reach the host}: state.yml's docker_container_info results
+    (the filter ddpfleet_container_states)."""
+    states = {}
+    for host, looked_up in zip(hosts, looked, strict=True):
+        res = looked_up if isinstance(looked_up, dict) else {}
+        state = ((res.get("container") or {}).get("State") or {}).get("Status") or ""
+        states[host] = "unreachable" if res.get("unreachable") else state
+    return states
+
+
 def run_status(snap: dict, containers: dict) -> str:
     """running (a container runs), the ended run's status word (progress.json's, else
     summary.json's), unknown (launched, nothing recorded since) or absent (never launched)."""
@@ -179,7 +191,8 @@ def status_lines(run_id: str, status: str, snap: dict, containers: dict) -> list
     for host, state in containers.items():
         e = snap["exits"].get(host)
         code = f"; agent exit code {e.get('exit_code')} ({e.get('outcome')})" if e else ""
-        lines.append(f"{host}: container {state or 'absent'}{code}")
+        seen = f"container {state or 'absent'}" if state != "unreachable" else "unreachable"
+        lines.append(f"{host}: {seen}{code}")
     lines += [snap["line"]] if snap["line"] else []
     s = snap["summary"]
     if s:

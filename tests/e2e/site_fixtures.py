@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -73,6 +74,17 @@ FIRST_SITE_SLOWEST: list[str] = []
 # The tier's headline figures ("site.yml no-op re-run: 31.2 s, rc 0"), printed in its closing
 # summary: pytest captures a passing test's prints, so CI's log would not show them otherwise.
 FIGURES: list[str] = []
+
+
+def task_started(out: str, task: str) -> float | None:
+    """When ansible-playbook started ``task`` (profile_tasks' line under its banner, the
+    controller's clock), or None."""
+    found = re.search(
+        rf"TASK \[[^]]*{re.escape(task)}\][^\n]*\n(\w+ \d+ \w+ \d+ +[\d:]+ [+-]\d+)", out
+    )
+    if found is None:
+        return None
+    return datetime.strptime(" ".join(found[1].split()), "%A %d %B %Y %H:%M:%S %z").timestamp()
 
 
 def figure(line: str) -> None:

@@ -15,7 +15,8 @@
   loopback's (gone for its peers and for the controller alike). train.yml's reads through
   node2 fail, it reads through node1 from then on, the run completes on node1 and node3, and
   train.yml reports it completed (rc 0) with the restart that left node2 out and the plot;
-  back on the network, node2's agent ends.
+  status.yml, stop.yml and train.yml again, while node2 cannot be reached, read the run through
+  the others (status.yml names node2 unreachable); back on the network, node2's agent ends.
 Cost: three runs, ~5.5 min on a 2-core host.
 """
 
@@ -23,14 +24,13 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import subprocess
 import time
-from datetime import datetime
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from site_fixtures import figure, run_site
+from site_fixtures import figure, run_site, task_started
 from test_30_train import run_file, run_id, start_train, started, summary, wait_for
 from test_35_faults import (
     PEER_TIMEOUT,
@@ -194,16 +194,6 @@ def off_network(node: Any, action: str) -> None:
         assert done.returncode == 0, done.stderr
 
 
-def task_started(out: str, task: str) -> float | None:
-    """When ansible-playbook started ``task`` (profile_tasks' line under its banner), or None."""
-    found = re.search(
-        rf"TASK \[[^]]*{re.escape(task)}\][^\n]*\n(\w+ \d+ \w+ \d+ +[\d:]+ [+-]\d+)", out
-    )
-    if found is None:
-        return None
-    return datetime.strptime(" ".join(found[1].split()), "%A %d %B %Y %H:%M:%S %z").timestamp()
-
-
 @pytest.fixture(scope="module")
 def leader_gone_followed(cluster: Any) -> dict:
     rid = run_id("leadergone")
@@ -220,6 +210,12 @@ def leader_gone_followed(cluster: Any) -> dict:
     cut_at = time.time()
     try:
         run = started(follow, since)
+        # node2 still off the network: status.yml, stop.yml and train.yml again (side by side:
+        # each waits for SSH's connect timeout on node2 alone) read the run through the others
+        with ThreadPoolExecutor(3) as pool:
+            asked = [pool.submit(run_site, cluster, "-e", f"run_id={rid}", playbook=book)
+                     for book in ("status.yml", "stop.yml", "train.yml")]  # fmt: skip
+        status, stop, again = (ask.result() for ask in asked)
     finally:
         off_network(victim, "-D")
     moved = task_started(run.stdout, "Follow the run through node1")
@@ -229,7 +225,8 @@ def leader_gone_followed(cluster: Any) -> dict:
     took = wait_gone(cluster, rid, PEER_TIMEOUT + 60)
     figure(f"node rank 0's host back on the network after the run ended -> its agent gone: "
            f"{took:.1f} s")  # fmt: skip
-    return {"rid": rid, "victim": victim.name, "run": run, "summary": summary(cluster, rid)}
+    return {"rid": rid, "victim": victim.name, "run": run, "summary": summary(cluster, rid),
+            "status": status, "stop": stop, "again": again}  # fmt: skip
 
 
 def test_train_yml_follows_a_run_that_lost_node_rank_0_s_host_to_its_end(
@@ -254,5 +251,22 @@ def test_a_run_completed_without_a_host_lost_for_good_is_reported_completed(
     last = data["attempts"][-1]
     assert sorted(last["hosts"]) == ["node1", "node3"], last
     assert last["global_batch"] == data["attempts"][0]["global_batch"]
+    # the run's wall time spans both starts; the trainer's own counts the last start alone
+    assert data["wall_time_sec"] > data["last_start_wall_time_sec"], data
+    assert f"wall time {data['wall_time_sec']:.1f}s" in run.stdout, run.tail()
     assert "status completed, steps 40, world size 2" in run.stdout, run.tail()
     assert "on 2 hosts: without node2) after: " in run.stdout, run.tail()
+
+
+def test_status_and_stop_go_on_without_a_host_the_controller_cannot_reach(
+    leader_gone_followed: dict,
+) -> None:
+    rid, status, stop = (leader_gone_followed[k] for k in ("rid", "status", "stop"))
+    assert status.rc == 0, status.tail()
+    for line in (f"run {rid}: completed", "node2: unreachable", "node1: container absent"):
+        assert line in status.stdout, status.tail()
+    assert stop.rc == 0, stop.tail()
+    assert f"run {rid} is not running (status: completed); nothing to stop" in stop.stdout
+    again = leader_gone_followed["again"]
+    assert again.rc == 0, again.tail()
+    assert f"run {rid} already completed; nothing to do" in again.stdout, again.tail()

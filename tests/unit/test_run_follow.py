@@ -459,6 +459,27 @@ def test_status_lines():
     ]
 
 
+def test_container_states_name_a_host_the_controller_could_not_reach():
+    """state.yml's docker_container_info results as Ansible registers them: a container, none,
+    a host it could not reach (ignore_unreachable), a host that looked nothing up."""
+    looked = [
+        {"exists": True, "container": {"State": {"Status": "running"}}},
+        {"unreachable": True, "msg": "ssh: connect to host 10.213.97.12 port 22: timed out"},
+        {"exists": False, "container": None},
+    ]
+    states = view.container_states(HOSTS, looked)
+    assert states == {"node1": "running", "node2": "unreachable", "node3": ""}
+    assert view.container_states(["a"], [{}]) == {"a": ""}
+    completed = snap(prog=ended("completed"), summary={"status": "completed"})
+    assert view.run_status(completed, states) == "running"  # node1's container still runs
+    lines = view.status_lines("r", "completed", completed, {**states, "node1": "exited"})
+    assert lines[1:4] == [
+        "node1: container exited",
+        "node2: unreachable",
+        "node3: container absent",
+    ]
+
+
 # --- the action, fed with fake reads -------------------------------------------------------
 
 

@@ -1,9 +1,9 @@
 """Filters of the trainer_run role: the trainer's options and command line (trainer.config,
 from the one declaration in trainer/options.py) and the run agent's flags of those options,
-the run container's parameters (ddpfleet_agent.container), peers, fabric, ulimits, status.yml's
-report from the hosts' own records, a Slurm run's sbatch command and queue
-(ddpfleet_agent.slurm), and the run agent's archive for a user's program
-(ddpfleet_agent.shipping).
+the run container's parameters (ddpfleet_agent.container), peers, fabric, ulimits, the hosts'
+container states and status.yml's report from the hosts' own records (ddpfleet_agent.follow),
+a Slurm run's sbatch command and queue (ddpfleet_agent.slurm), and the run agent's archive for
+a user's program (ddpfleet_agent.shipping).
 The option checks are the ddpfleet_run_validate action's."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # this checkout's trainer package
 from ddpfleet_agent.container import container_params
-from ddpfleet_agent.follow import fallback_report
+from ddpfleet_agent.follow import container_states, fallback_report
 from ddpfleet_agent.shipping import lib_archive
 from ddpfleet_agent.slurm import job_id, job_line, queue_position, queued, sbatch_argv
 from trainer.config import command_args, command_options
@@ -99,6 +99,7 @@ class FilterModule:
             "ddpfleet_fabric": fabric,
             "ddpfleet_hide_values": hide_values,
             "ddpfleet_fallback_report": fallback_report,
+            "ddpfleet_container_states": container_states,
             "ddpfleet_agent_lib": lib_archive,
             "ddpfleet_sbatch": sbatch_argv,
             "ddpfleet_slurm_job": job_id,
