@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from site_fixtures import PlaybookRun, figure, parse_recap, run_site
+from site_fixtures import PlaybookRun, figure, parse_recap, run_site, task_started
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from time_bounds import within
 from train_fixtures import FAST, SHARED, STAMP, run_id
@@ -482,15 +482,18 @@ def make_dataset(cluster: Any, name: str, *args: str) -> str:
 def long_val(cluster: Any) -> str:
     """Few training images, many validation images: validation outlasts HB_TIMEOUT."""
     return make_dataset(cluster, f"e2e-{STAMP}-val", "--classes 4 --train-per-class 12",
-                        "--val-per-class 1200 --size 64")  # fmt: skip
+                        "--val-per-class 2500 --size 64")  # fmt: skip
 
 
-# 4 training steps an epoch (48 images / (4 x 3 ranks)); 1,600 validation images per rank:
-# many cheap batches (resnet18 at 64 px), so validation lasts long (on the 2-core EPYC without
-# AVX512, where ResNet-50 is slowest: 43 s for 3 ranks on the host, 53 s in the sandbox; long
-# enough for stop.yml to arrive during it on a 3x faster CPU too) while a training step stays
-# far below HB_TIMEOUT (0.8 s there). ResNet-50 at 160 px took 3.5-4.7 s a step there, and a
-# slower first step was rightly called a hang at 5 s.
+# 4 training steps an epoch (48 images / (4 x 3 ranks)); 3,333 validation images per rank:
+# many cheap batches (resnet18 at 64 px), so validation lasts long while a training step stays
+# far below HB_TIMEOUT (0.8 s on the 2-core EPYC without AVX512, where ResNet-50 is slowest).
+# With 1,600 a rank the pass took 53 s in the sandbox there and 17 s on the EPYC with
+# AVX512-BF16, where stop.yml -e dump=true signals the agents 10 s after progress.json says
+# validate: one CI run's stop came after the pass (2026-12-05), hence 2.08x the images (27 s
+# there, the signal at 11.1 s; 22 s at 1.67x).
+# ResNet-50 at 160 px took 3.5-4.7 s a step on the slow EPYC, and a slower first step was
+# rightly called a hang at 5 s.
 LONG_VAL = ["-e", "train_synthetic=false", "-e", "train_batch_size=4", "-e", "train_arch=resnet18",
             "-e", "train_image_size=64", "-e", "train_max_steps=0",
             "-e", f"train_heartbeat_timeout={HB_TIMEOUT}"]  # fmt: skip
@@ -521,6 +524,10 @@ def stopped(cluster: Any, long_val: str) -> dict:
             if p is not None and p.poll() is None:
                 p.kill()
     figure(f"stop.yml during validation (step {at.get('step')}): {stop.wall_s:.1f} s")
+    signalled = task_started(stop.stdout, "Ask this host's agent to stop the run")
+    if signalled:  # it must come within the validation pass (its figure below)
+        figure(f"stop.yml signalled the agents {signalled - at['time']:.1f} s after "
+               f"progress.json first said validate")  # fmt: skip
     return {"rid": rid, "status": status, "stop": stop, "train_rc": proc.returncode,
             "train_out": out, "attached_rc": attached.returncode, "attached_out": attached_out,
             "args": args, "metrics": metrics}  # fmt: skip
@@ -687,7 +694,7 @@ def validation_seconds(cluster: Any, rid: str) -> float:
 def test_validation_longer_than_the_heartbeat_timeout_is_no_stall(
     stopped: dict, resumed: PlaybookRun, cluster: Any
 ) -> None:
-    """The resumed run's validation (1,600 images a rank) outlasts HB_TIMEOUT many times over:
+    """The resumed run's validation (3,333 images a rank) outlasts HB_TIMEOUT many times over:
     the agents, watching heartbeats and progress, must not call it a stall."""
     assert resumed.rc == 0, resumed.tail()
     assert summary(cluster, stopped["rid"])["status"] == "completed"
