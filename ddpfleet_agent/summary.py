@@ -71,8 +71,10 @@ def wall_time(summary: dict, attempts: list[dict]) -> dict:
     """A run with more than one start: its wall time is from the first start to the end of the
     last (the trainer's, or a program's, counts the last start alone: it is kept as
     ``last_start_wall_time_sec``); {} where a time is not known."""
-    begun, ended = (attempts[0].get("started"), attempts[-1].get("ended")) if attempts else (0, 0)
-    if len(attempts) < 2 or not begun or not ended or "wall_time_sec" not in summary:
+    if len(attempts) < 2 or "wall_time_sec" not in summary:
+        return {}
+    begun, ended = attempts[0].get("started"), attempts[-1].get("ended")
+    if not begun or not ended:
         return {}
     return {"wall_time_sec": round(ended - begun, 1),
             "last_start_wall_time_sec": summary["wall_time_sec"]}  # fmt: skip
