@@ -41,6 +41,7 @@ class Failure(TypedDict, total=False):
     rebalance: dict[str, float]  # not a failure either: each host's new weight (regrow.py)
     speeds: dict[str, float]  # with rebalance: each host's speed, the median host's 1.0
     leave_out: list[int]  # with rebalance: a host too slow for a share goes (gate.py)
+    pace: float  # with leave_out: the median host's seconds per image (a rank's) then (gate.py)
     store_lost: bool  # the run's store is gone with its host: another may take over (failover.py)
     cut_off: bool  # the store's host lost every other host at once: it steps down (failover.py)
 

@@ -2,8 +2,10 @@
 of the run's model, in place, before it asks to come back.
 
 The first check runs as the host is left out: its figure is the host's slow pace. The host asks
-to come back once a check gives ``stragglers.GAIN`` times that (the detector gives it a share
-proportional to its speed from there, or leaves it out again); one that cannot finish within
+to come back once a check gives ``stragglers.GAIN`` times that, or half the images/s the median
+host did in the run as it was left out (``stragglers.wanted``: the first check itself may pass
+that, where the slowdown ended before it; the detector gives the host a share proportional to
+its speed from there, or leaves it out again); one that cannot finish within
 ``TIMEOUT`` counts as still slow, and one that fails or cannot run lets the host ask as any host
 left out does (the line says why). The check runs in the host's run container: it gets what
 the ranks got, the host's GPUs or its CPU quota.
@@ -20,7 +22,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ddpfleet_agent.stragglers import GAIN
+from ddpfleet_agent.stragglers import wanted
 
 EVERY = 30.0  # seconds from one check's end to the next one's start
 TIMEOUT = 600.0  # a check running longer is ended: the host is still too slow
@@ -48,9 +50,12 @@ class Gate:
     """``passed(now)``: True once a check says the host is fast again; it starts the checks
     (one at a time, EVERY s apart) and reads their figures without waiting for them."""
 
-    def __init__(self, command: list[str], say: Callable[[str], None]) -> None:
-        self.command, self.say = command, say
+    def __init__(
+        self, command: list[str], say: Callable[[str], None], par: float | None = None
+    ) -> None:
+        self.command, self.say, self.par = command, say, par  # par: stragglers.wanted's
         self.first: float | None = None  # the figure as it was left out (0: no check finished)
+        self.on_par = False  # it passed on par, not on its own first figure
         self.proc: subprocess.Popen | None = None
         self.files = Path(tempfile.mkdtemp(prefix="ddpfleet-check-"))  # its stdout and stderr
         self.started = self.due = 0.0
@@ -93,15 +98,24 @@ class Gate:
         if isinstance(got, str):  # it failed: the host cannot tell its speed this way
             self.say(f"doctor's compute check failed ({got}): it asks to come back")
             self.open = True
-        elif self.first is None:
+            return
+        first = self.first is None
+        if first:
             self.first = got
-            if got:  # else it was too slow to finish one: any check that finishes will do
-                self.say(f"doctor's compute check: {got:g} img/s as it was left out; it asks "
-                         f"to come back at {GAIN * got:g} img/s")  # fmt: skip
-        elif got:
-            self.open = got >= GAIN * self.first
-            what = "it asks to come back" if self.open else "still too slow"
-            self.say(f"doctor's compute check: {got:g} img/s, {GAIN * self.first:g} asked: {what}")
+        if not got:  # too slow to finish one: any check that finishes will do
+            return
+        own, want = wanted(self.first or 0.0, None), wanted(self.first or 0.0, self.par)
+        self.open = got >= want
+        self.on_par = self.open and got < own  # its first check passes on par alone
+        what = "it asks to come back" if self.open else "still too slow"
+        if not first:
+            line = f"{got:g} img/s, {want:.4g} asked: {what}"
+        elif self.open:  # as fast as that already: its slowdown ended before this check
+            line = f"{got:g} img/s as it was left out, {want:.4g} asked (half the median host's "
+            line += f"pace in the run): {what}"
+        else:
+            line = f"{got:g} img/s as it was left out; it asks to come back at {want:.4g} img/s"
+        self.say(f"doctor's compute check: {line}")
 
     @staticmethod
     def _end(proc: subprocess.Popen) -> None:

@@ -12,6 +12,7 @@ the host, at the run's first world size again.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -34,14 +35,15 @@ def _host_times(ranks: list[list[dict]]) -> list[float]:
 class Lead:
     """Node rank 0's watch while the ranks run: hosts asking to come back (``join_wait``: they
     and the step saved when they asked), and stragglers (``watch``; ``rebalance_wait``: the new
-    weights, the speeds, the step saved when it decided and the host to leave out, if any)."""
+    weights, the speeds, the step saved when it decided, the host to leave out, if any, and the
+    median host's seconds per image)."""
 
     def __init__(self, cfg: AgentConfig, peers: Peers, say: Callable[[str], None]) -> None:
         self.cfg, self.peers, self.say = cfg, peers, say
         self.join_wait: tuple[list[int], float | None] | None = None
         self.join_checked = 0.0
         self.watch = stragglers.Watch()
-        self.rebalance_wait: tuple[dict, dict, float | None, int | None] | None = None
+        self.rebalance_wait: tuple[dict, dict, float | None, int | None, float] | None = None
 
     def restarted(self) -> None:
         """A new start of the ranks: the detector counts its intervals only."""
@@ -106,9 +108,11 @@ class Lead:
                 self.say(f"hosts' speeds {said}: {what} at the run's next checkpoint")
                 # the host left out gets a full share again once its compute check passes
                 back = {} if out is None else {cfg.hosts[out]: 1.0}
-                self.rebalance_wait = ({**(weights or {}), **speed, **back}, speed, saved, out)
+                new = {**(weights or {}), **speed, **back}
+                # the median host's seconds per image (a rank's): what the check is held to
+                self.rebalance_wait = (new, speed, saved, out, statistics.median(middle))
             return None
-        weights, speed, before, out = self.rebalance_wait
+        weights, speed, before, out, pace = self.rebalance_wait
         if saved is None or saved == before:
             return None
         self.rebalance_wait = None
@@ -117,7 +121,7 @@ class Lead:
         slowest = min(members, key=lambda n: speed.get(cfg.hosts[n], 1.0)) if out is None else out
         what = "new shares" if out is None else f"{cfg.hosts[out]} left out"
         found = self._found(slowest, f"{what} after the checkpoint of step {int(saved)}")
-        left = {} if out is None else {"leave_out": [out]}
+        left = {} if out is None else {"leave_out": [out], "pace": float(f"{pace:.6g}")}
         return {**found, "rebalance": weights, "speeds": speed, **left}
 
     def _too_slow(self, speed: dict[str, float]) -> int | None:

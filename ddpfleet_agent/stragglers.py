@@ -14,7 +14,8 @@ the speeds (``worth``) in ``NEEDED`` evaluations in a row, at most ``MOST_PER_HO
 hour; a host under ``LEAVE_OUT`` in NEEDED intervals in a row by themselves, at once. The same
 rule gives a share back once the slow host is fast again. A host slower than ``LEAVE_OUT`` is left
 out instead (``too_slow``), where the run may go on without it, and asks to come back once
-doctor's compute check in place is ``GAIN`` times its figure when left out (gate.py).
+doctor's compute check in place is ``GAIN`` times its figure when left out, or ``BACK`` of the
+median host's pace in the run as it was left out (``wanted``; gate.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ NEEDED = 2  # evaluations in a row that call for new shares (worth)
 MOST_PER_HOUR = 4  # rebalances, whatever the intervals say
 LEAVE_OUT = 0.25  # a host under this speed (the median host's 1.0) is left out, not given a share
 GAIN = 2.0  # a host left out comes back once its compute check is this many times its first
+BACK = 2 * LEAVE_OUT  # ... or this share of the median host's images/s as it was left out
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,18 @@ def too_slow(speed: Mapping[str, float], may_leave: Sequence[str]) -> str | None
     pace the others' steps on its fixed costs alone (its start, its all-reduce), else None."""
     slow = [h for h in may_leave if speed.get(h, 1.0) < LEAVE_OUT]
     return min(slow, key=lambda h: speed[h]) if slow else None
+
+
+def wanted(first: float, par: float | None) -> float:
+    """The images/s a host left out asks to come back at: GAIN times its first compute check's
+    figure (its slow pace; 0: that check did not finish, any that does will do), or BACK of
+    ``par`` (the median host's images/s in the run as it was left out, for as many ranks;
+    None: not known, or not to be used), whichever is lower. ``par`` takes back a host whose
+    slowdown ended before its first check, which no later check doubles. The check measures
+    the model alone, so a host slowed by its loader or disk passes it: its agent uses ``par``
+    once (gate.py)."""
+    ask = GAIN * first
+    return ask if par is None or not first else min(ask, BACK * par)
 
 
 def change_line(

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
 
 import pytest
 
-from ddpfleet_agent import gate
+from ddpfleet_agent import failover, gate
+from ddpfleet_agent.cli import parse_args
 from ddpfleet_agent.gate import Gate, check_command, figure
+from ddpfleet_agent.machine import Standing
+from ddpfleet_agent.supervise import Agent
 
 
 def test_the_check_measures_the_run_s_model_as_the_trainer_s_command_line_gives_it():
@@ -34,28 +38,38 @@ def test_a_check_s_figure_or_why_it_has_none():
     assert figure(-9, "", "") == "exit code -9"
 
 
+CHECK = (
+    "import json, sys, time; v = open(sys.argv[1]).read().strip()\n"
+    "if v == 'sleep': time.sleep(60)\n"
+    "if v == 'fail': sys.exit('doctor compute: the model failed')\n"
+    "print(json.dumps({'images_per_sec': float(v)}))"
+)
+
+
 @pytest.fixture
 def checks(tmp_path, monkeypatch):
     """A Gate over a stand-in check that prints {"images_per_sec": <the file's number>} (or
     sleeps, for 'sleep'), and the lines it says."""
     monkeypatch.setattr(gate, "EVERY", 0.0)
     value = tmp_path / "figure"
-    program = (
-        "import json, sys, time; v = open(sys.argv[1]).read().strip()\n"
-        "if v == 'sleep': time.sleep(60)\n"
-        "if v == 'fail': sys.exit('doctor compute: the model failed')\n"
-        "print(json.dumps({'images_per_sec': float(v)}))"
-    )
     said: list[str] = []
-    made = Gate([sys.executable, "-c", program, str(value)], said.append)
+    made = Gate([sys.executable, "-c", CHECK, str(value)], said.append)
     yield made, value, said
     made.close()
+
+
+@pytest.fixture
+def on_par(checks):
+    """The same, held also to the median host's pace in the run: 100 img/s (BACK: half)."""
+    made, value, said = checks
+    made.par = 100.0
+    return made, value, said
 
 
 def run_one(made: Gate, value, text: str) -> bool:
     """Set the next check's figure and poll the gate until that check has been read."""
     value.write_text(text)
-    made.passed(time.time())  # starts it
+    opened = made.passed(time.time())  # starts it
     deadline = time.time() + 30
     while made.proc is not None and time.time() < deadline:
         time.sleep(0.02)
@@ -105,3 +119,71 @@ def test_closing_ends_a_check_still_running(checks):
     made.close()
     assert proc.poll() is not None
     assert not made.files.exists()
+
+
+def test_a_host_whose_slowdown_ended_before_its_first_check_asks_at_once(on_par):
+    made, value, said = on_par
+    assert run_one(made, value, "60")
+    assert said == [
+        "doctor's compute check: 60 img/s as it was left out, 50 asked (half the median host's "
+        "pace in the run): it asks to come back"
+    ]
+    assert made.on_par  # its agent holds it to its own figure the next time (failover.py)
+
+
+@pytest.mark.parametrize(
+    ("first", "asked", "on_par_then"), [("20", "40", False), ("30", "50", True)]
+)
+def test_a_host_still_slow_asks_at_double_its_figure_or_half_the_median_host_s_pace(
+    on_par, first, asked, on_par_then
+):
+    """First at 20 img/s: doubling it (40) is the lower bar; at 30, half of par (50) is."""
+    made, value, said = on_par
+    assert not run_one(made, value, first)
+    assert said[0].endswith(f"as it was left out; it asks to come back at {asked} img/s")
+    assert not run_one(made, value, str(float(asked) - 0.5))
+    assert run_one(made, value, asked)
+    assert said[-1] == f"doctor's compute check: {asked} img/s, {asked} asked: it asks to come back"
+    assert made.on_par is on_par_then
+
+
+def test_a_host_that_passed_on_par_once_is_held_to_its_own_figure_the_next_time(
+    tmp_path, monkeypatch
+):
+    """h2's agent left out twice (failover.Heal.rejoined): the first time its first check is as
+    fast as half the median host's pace and it asks at once; left out again, a check that
+    passes on par alone may say nothing of its ranks' pace (a loader or a disk slows them, not
+    the check), so it is held to twice its own first figure."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    agent = Agent(parse_args([
+        "--run-dir", str(tmp_path), "--run-id", "t1", "--hosts", "h0,h1,h2", "--host", "h2",
+        "--node-rank", "2", "--store", "127.0.0.1:1", "--attempt", "a1", "--key-file", "k",
+        "--min-hosts", "2", "--restarts", "1", "--", "true"]))  # fmt: skip
+    value, asked, said = tmp_path / "figure", [], []
+    value.write_text("60")
+    monkeypatch.setattr(
+        failover, "check_command", lambda _: [sys.executable, "-c", CHECK, str(value)]
+    )
+    monkeypatch.setattr(failover, "ASK_EVERY", 0.01)
+    monkeypatch.setattr(gate, "EVERY", 0.0)
+    peers, heal = agent.peers, agent.heal
+    monkeypatch.setattr(peers, "reconnect", lambda: True)
+    monkeypatch.setattr(peers, "run_over", lambda: False)
+    monkeypatch.setattr(peers, "ask_to_join", lambda: asked.append(1))
+    monkeypatch.setattr(peers, "welcomed", lambda: {"generation": len(asked)} if asked else None)
+    monkeypatch.setattr(heal, "_back", lambda said, standing: (True, standing))
+    heal.say, heal.stopped = said.append, lambda: len(said) > 4
+    out = Standing(failure={"reason": "h2 left out", "leave_out": [2], "pace": 0.01})
+
+    assert heal.rejoined(out)[0]  # par: 100 img/s for its one rank, 50 asked
+    assert said[1].endswith("60 img/s as it was left out, 50 asked (half the median host's "
+                            "pace in the run): it asks to come back")  # fmt: skip
+    assert heal.asked_on_par
+
+    asked.clear()
+    assert not heal.rejoined(out)[0]  # stopped after its second check: still too slow
+    assert said[3] == (
+        "doctor's compute check: 60 img/s as it was left out; it asks to come back at 120 img/s"
+    )
+    assert said[4] == "doctor's compute check: 60 img/s, 120 asked: still too slow"
+    assert asked == []

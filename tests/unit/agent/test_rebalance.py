@@ -143,6 +143,7 @@ def test_a_host_too_slow_for_a_share_is_left_out_where_the_run_may_go_on_without
     # back at a full share once its compute check passes (gate.py); the others' as measured
     assert cause["rebalance"] == {"h0": 1.0, "h1": 1.0, "h2": 1.0}
     assert cause["speeds"]["h2"] == 0.1
+    assert cause["pace"] == 0.01  # the median host's seconds per image: h2's check is held to it
 
     lead.starts.weights = cause["rebalance"]
     lead.peers.members = [0, 1]  # as the regroup without h2 has it (Heal.regrown)
