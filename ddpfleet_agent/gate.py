@@ -2,10 +2,10 @@
 of the run's model, in place, before it asks to come back.
 
 The first check runs as the host is left out: its figure is the host's slow pace. The host asks
-to come back once a check gives ``stragglers.GAIN`` times that, or half the images/s the median
-host did in the run as it was left out (``stragglers.wanted``: the first check itself may pass
-that, where the slowdown ended before it; the detector gives the host a share proportional to
-its speed from there, or leaves it out again); one that cannot finish within
+to come back once a check gives ``stragglers.GAIN`` times that, or a third of the images/s the
+median host did in the run as it was left out (``stragglers.wanted``: the first check itself
+may pass that, where the slowdown ended before it; the detector gives the host a share
+proportional to its speed from there, or leaves it out again); one that cannot finish within
 ``TIMEOUT`` counts as still slow, and one that fails or cannot run lets the host ask as any host
 left out does (the line says why). The check runs in the host's run container: it gets what
 the ranks got, the host's GPUs or its CPU quota.
@@ -111,8 +111,8 @@ class Gate:
         if not first:
             line = f"{got:g} img/s, {want:.4g} asked: {what}"
         elif self.open:  # as fast as that already: its slowdown ended before this check
-            line = f"{got:g} img/s as it was left out, {want:.4g} asked (half the median host's "
-            line += f"pace in the run): {what}"
+            line = f"{got:g} img/s as it was left out, {want:.4g} asked (a third of the median "
+            line += f"host's pace in the run): {what}"
         else:
             line = f"{got:g} img/s as it was left out; it asks to come back at {want:.4g} img/s"
         self.say(f"doctor's compute check: {line}")

@@ -60,9 +60,9 @@ def checks(tmp_path, monkeypatch):
 
 @pytest.fixture
 def on_par(checks):
-    """The same, held also to the median host's pace in the run: 100 img/s (BACK: half)."""
+    """The same, held also to the median host's pace in the run: 150 img/s (BACK: a third)."""
     made, value, said = checks
-    made.par = 100.0
+    made.par = 150.0
     return made, value, said
 
 
@@ -125,8 +125,8 @@ def test_a_host_whose_slowdown_ended_before_its_first_check_asks_at_once(on_par)
     made, value, said = on_par
     assert run_one(made, value, "60")
     assert said == [
-        "doctor's compute check: 60 img/s as it was left out, 50 asked (half the median host's "
-        "pace in the run): it asks to come back"
+        "doctor's compute check: 60 img/s as it was left out, 50 asked (a third of the median "
+        "host's pace in the run): it asks to come back"
     ]
     assert made.on_par  # its agent holds it to its own figure the next time (failover.py)
 
@@ -137,7 +137,7 @@ def test_a_host_whose_slowdown_ended_before_its_first_check_asks_at_once(on_par)
 def test_a_host_still_slow_asks_at_double_its_figure_or_half_the_median_host_s_pace(
     on_par, first, asked, on_par_then
 ):
-    """First at 20 img/s: doubling it (40) is the lower bar; at 30, half of par (50) is."""
+    """First at 20 img/s: doubling it (40) is the lower bar; at 30, a third of par (50) is."""
     made, value, said = on_par
     assert not run_one(made, value, first)
     assert said[0].endswith(f"as it was left out; it asks to come back at {asked} img/s")
@@ -151,7 +151,7 @@ def test_a_host_that_passed_on_par_once_is_held_to_its_own_figure_the_next_time(
     tmp_path, monkeypatch
 ):
     """h2's agent left out twice (failover.Heal.rejoined): the first time its first check is as
-    fast as half the median host's pace and it asks at once; left out again, a check that
+    fast as a third of the median host's pace and it asks at once; left out again, a check that
     passes on par alone may say nothing of its ranks' pace (a loader or a disk slows them, not
     the check), so it is held to twice its own first figure."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -173,11 +173,11 @@ def test_a_host_that_passed_on_par_once_is_held_to_its_own_figure_the_next_time(
     monkeypatch.setattr(peers, "welcomed", lambda: {"generation": len(asked)} if asked else None)
     monkeypatch.setattr(heal, "_back", lambda said, standing: (True, standing))
     heal.say, heal.stopped = said.append, lambda: len(said) > 4
-    out = Standing(failure={"reason": "h2 left out", "leave_out": [2], "pace": 0.01})
+    out = Standing(failure={"reason": "h2 left out", "leave_out": [2], "pace": 0.02})
 
-    assert heal.rejoined(out)[0]  # par: 100 img/s for its one rank, 50 asked
-    assert said[1].endswith("60 img/s as it was left out, 50 asked (half the median host's "
-                            "pace in the run): it asks to come back")  # fmt: skip
+    assert heal.rejoined(out)[0]  # par: 50 img/s for its one rank, a third asked
+    assert said[1].endswith("60 img/s as it was left out, 16.67 asked (a third of the median "
+                            "host's pace in the run): it asks to come back")  # fmt: skip
     assert heal.asked_on_par
 
     asked.clear()
