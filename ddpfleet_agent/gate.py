@@ -106,7 +106,7 @@ class Gate:
             return
         own, want = wanted(self.first or 0.0, None), wanted(self.first or 0.0, self.par)
         self.open = got >= want
-        self.on_par = self.open and got < own  # its first check passes on par alone
+        self.on_par = self.open and got < own  # on par alone, not on its own first figure
         what = "it asks to come back" if self.open else "still too slow"
         if not first:
             line = f"{got:g} img/s, {want:.4g} asked: {what}"
