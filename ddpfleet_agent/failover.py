@@ -24,6 +24,7 @@ from ddpfleet_agent.gate import Gate, check_command
 from ddpfleet_agent.machine import Standing
 from ddpfleet_agent.membership import StoreGone, StoreLost
 from ddpfleet_agent.regrow import ASK_EVERY
+from ddpfleet_agent.stragglers import PAR_AGAIN
 
 if TYPE_CHECKING:
     from ddpfleet_agent.cli import AgentConfig
@@ -46,9 +47,10 @@ class Heal:
     starts: Starts
     say: Callable[[str], None]
     stopped: Callable[[], bool]
-    # a host left out as too slow whose compute check passed on the others' pace once is held
-    # to its own first figure from then on: a loader or a disk slows its ranks but not the check
-    asked_on_par: bool = False
+    # when a compute check last passed this host, left out as too slow, on the others' pace
+    # alone: a loader or a disk slows its ranks but not the check, so for stragglers.PAR_AGAIN
+    # s from then it is held to its own first figure (0: never)
+    on_par_at: float = 0.0
 
     def moved_on(self) -> bool:
         """This agent starts in a run that went on under another host's store: progress.json
@@ -117,9 +119,10 @@ class Heal:
         why = "started again in the run:" if again else "out of the run: its ranks are ended;"
         cause = standing.failure or {}
         slow = self.cfg.node_rank in (cause.get("leave_out") or [])
-        pace = None if self.asked_on_par else cause.get("pace")  # a rank's seconds per image
+        pace = cause.get("pace")  # a rank's seconds per image
         par = self.cfg.nproc / pace if pace else None  # the median host's images/s
-        gate = Gate(check_command(self.cfg.command), self.say, par) if slow else None
+        par_from = self.on_par_at and self.on_par_at + PAR_AGAIN
+        gate = Gate(check_command(self.cfg.command), self.say, par, par_from) if slow else None
         when = " once doctor's compute check says it is fast again," if slow else ""
         self.say(f"{why} it asks to come back{when} until the run ends")
         limit = self.cfg.max_runtime and (self.starts.began() or time.time()) + self.cfg.max_runtime
@@ -148,7 +151,7 @@ class Heal:
                 time.sleep(ASK_EVERY)
         finally:  # a check still running is ended
             if gate is not None:
-                self.asked_on_par |= gate.on_par
+                self.on_par_at = time.time() if gate.on_par else self.on_par_at
                 gate.close()
         # one that asked and was not let back before the end was left out, however it got here
         # (its store lost to it while it was frozen, or told it left out)

@@ -4,7 +4,8 @@ of the run's model, in place, before it asks to come back.
 The first check runs as the host is left out: its figure is the host's slow pace. The host asks
 to come back once a check gives ``stragglers.GAIN`` times that, or a third of the images/s the
 median host did in the run as it was left out (``stragglers.wanted``: the first check itself
-may pass that, where the slowdown ended before it; the detector gives the host a share
+may pass that, where the slowdown ended before it; not within ``stragglers.PAR_AGAIN`` of
+the host's last pass on it alone: ``par_from``, failover.py; the detector gives the host a share
 proportional to its speed from there, or leaves it out again); one that cannot finish within
 ``TIMEOUT`` counts as still slow, and one that fails or cannot run lets the host ask as any host
 left out does (the line says why). The check runs in the host's run container: it gets what
@@ -51,9 +52,14 @@ class Gate:
     (one at a time, EVERY s apart) and reads their figures without waiting for them."""
 
     def __init__(
-        self, command: list[str], say: Callable[[str], None], par: float | None = None
+        self,
+        command: list[str],
+        say: Callable[[str], None],
+        par: float | None = None,
+        par_from: float = 0.0,
     ) -> None:
-        self.command, self.say, self.par = command, say, par  # par: stragglers.wanted's
+        self.command, self.say = command, say
+        self.par, self.par_from = par, par_from  # stragglers.wanted's par, from that time on
         self.first: float | None = None  # the figure as it was left out (0: no check finished)
         self.on_par = False  # it passed on par, not on its own first figure
         self.proc: subprocess.Popen | None = None
@@ -104,7 +110,8 @@ class Gate:
             self.first = got
         if not got:  # too slow to finish one: any check that finishes will do
             return
-        own, want = wanted(self.first or 0.0, None), wanted(self.first or 0.0, self.par)
+        par = self.par if now >= self.par_from else None
+        own, want = wanted(self.first or 0.0, None), wanted(self.first or 0.0, par)
         self.open = got >= want
         self.on_par = self.open and got < own  # on par alone, not on its own first figure
         what = "it asks to come back" if self.open else "still too slow"

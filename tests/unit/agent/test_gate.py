@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ddpfleet_agent import failover, gate
+from ddpfleet_agent import failover, gate, stragglers
 from ddpfleet_agent.cli import parse_args
 from ddpfleet_agent.gate import Gate, check_command, figure
 from ddpfleet_agent.machine import Standing
@@ -128,13 +128,30 @@ def test_a_host_whose_slowdown_ended_before_its_first_check_asks_at_once(on_par)
         "doctor's compute check: 60 img/s as it was left out, 50 asked (a third of the median "
         "host's pace in the run): it asks to come back"
     ]
-    assert made.on_par  # its agent holds it to its own figure the next time (failover.py)
+    assert made.on_par  # its agent holds it to its own figure for an hour (failover.py)
+
+
+def test_a_host_held_to_its_own_figure_is_held_to_par_again_from_par_from(on_par):
+    """Passed on par alone within the hour before (failover.py): its own figure only, until
+    par_from."""
+    made, value, said = on_par
+    made.par_from = time.time() + 3600
+    assert not run_one(made, value, "60")
+    assert not run_one(made, value, "119")
+    made.par_from = time.time()
+    assert run_one(made, value, "60")
+    assert said == [
+        "doctor's compute check: 60 img/s as it was left out; it asks to come back at 120 img/s",
+        "doctor's compute check: 119 img/s, 120 asked: still too slow",
+        "doctor's compute check: 60 img/s, 50 asked: it asks to come back",
+    ]
+    assert made.on_par
 
 
 @pytest.mark.parametrize(
     ("first", "asked", "on_par_then"), [("20", "40", False), ("30", "50", True)]
 )
-def test_a_host_still_slow_asks_at_double_its_figure_or_half_the_median_host_s_pace(
+def test_a_host_still_slow_asks_at_double_its_figure_or_a_third_of_the_median_host_s_pace(
     on_par, first, asked, on_par_then
 ):
     """First at 20 img/s: doubling it (40) is the lower bar; at 30, a third of par (50) is."""
@@ -147,13 +164,12 @@ def test_a_host_still_slow_asks_at_double_its_figure_or_half_the_median_host_s_p
     assert made.on_par is on_par_then
 
 
-def test_a_host_that_passed_on_par_once_is_held_to_its_own_figure_the_next_time(
-    tmp_path, monkeypatch
-):
-    """h2's agent left out twice (failover.Heal.rejoined): the first time its first check is as
-    fast as a third of the median host's pace and it asks at once; left out again, a check that
-    passes on par alone may say nothing of its ranks' pace (a loader or a disk slows them, not
-    the check), so it is held to twice its own first figure."""
+def test_a_host_that_passed_on_par_is_held_to_its_own_figure_for_an_hour(tmp_path, monkeypatch):
+    """h2's agent left out three times (failover.Heal.rejoined): the first time its first check
+    is as fast as a third of the median host's pace and it asks at once; left out again, a check
+    that passes on par alone may say nothing of its ranks' pace (a loader or a disk slows them,
+    not the check), so it is held to twice its own first figure; left out an hour after it came
+    back on par, par counts again."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     agent = Agent(parse_args([
         "--run-dir", str(tmp_path), "--run-id", "t1", "--hosts", "h0,h1,h2", "--host", "h2",
@@ -178,7 +194,8 @@ def test_a_host_that_passed_on_par_once_is_held_to_its_own_figure_the_next_time(
     assert heal.rejoined(out)[0]  # par: 50 img/s for its one rank, a third asked
     assert said[1].endswith("60 img/s as it was left out, 16.67 asked (a third of the median "
                             "host's pace in the run): it asks to come back")  # fmt: skip
-    assert heal.asked_on_par
+    came_back = heal.on_par_at
+    assert time.time() - came_back < 60
 
     asked.clear()
     assert not heal.rejoined(out)[0]  # stopped after its second check: still too slow
@@ -187,3 +204,11 @@ def test_a_host_that_passed_on_par_once_is_held_to_its_own_figure_the_next_time(
     )
     assert said[4] == "doctor's compute check: 60 img/s, 120 asked: still too slow"
     assert asked == []
+    assert heal.on_par_at == came_back
+
+    heal.on_par_at -= stragglers.PAR_AGAIN  # it came back on par an hour ago
+    said.clear()
+    heal.stopped = lambda: len(said) > 2
+    assert heal.rejoined(out)[0]
+    assert said[1].endswith("60 img/s as it was left out, 16.67 asked (a third of the median "
+                            "host's pace in the run): it asks to come back")  # fmt: skip

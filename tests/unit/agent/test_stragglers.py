@@ -173,7 +173,7 @@ def test_a_host_under_a_quarter_of_the_others_speed_is_found_without_the_window(
     assert run(series, [32, 32, 32])[0] == []  # not in a row
 
 
-def test_a_host_left_out_is_held_to_its_own_first_check_or_half_the_median_host_s_pace():
+def test_a_host_left_out_is_held_to_its_own_first_check_or_a_third_of_the_median_host_s_pace():
     """wanted: GAIN times its first figure, or BACK of the median host's images/s as it was left
     out (a slowdown that ended before the first check), whichever is lower."""
     assert stragglers.wanted(10.0, None) == 20.0  # its own figure alone
