@@ -236,6 +236,8 @@ def test_train_yml_follows_a_run_that_lost_node_rank_0_s_host_to_its_end(
     assert run.rc == 0, run.tail()
     moved = f"run {rid}: its records cannot be read through {victim} ("
     assert moved in run.stdout, run.tail()
+    # the read left hanging on the host off the network, not waited out to SSH's keepalives
+    assert f"{moved}no answer within " in run.stdout, run.tail()
     assert "TASK [trainer_run : Follow the run through node1]" in run.stdout
     after = run.stdout.split(moved, 1)[1]
     assert f"run {rid}: restarted on 2 hosts (without {victim}) (1)" in after, run.tail()

@@ -18,6 +18,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+from ansible.errors import AnsibleError
 from fake_clock import Clock
 from plugin_loader import load_plugin, node_shell
 from time_bounds import within
@@ -506,9 +507,10 @@ class Sleeps(Clock):
 def run_action(
     reads: list, clock: Clock | None = None, took: float = 0.0, **args
 ) -> tuple[dict, list[str], list[str]]:
-    """Run the action on a list of reads (dicts of records, or an int: a failed command with
-    that rc), each taking ``took`` s of the fake clock. Returns (result, lines displayed,
-    commands run); the last read repeats."""
+    """Run the action on a list of reads (dicts of records, an int: a failed command with that
+    rc, an Event: a command that hangs until it is set, an exception: raised), each taking
+    ``took`` s of the fake clock. Returns (result, lines displayed, commands run); the last
+    read repeats."""
     task = mock.MagicMock(async_val=0, check_mode=False)
     task.args = {"run_dir": "/runs/r", "run_id": "r", "hosts": HOSTS, "poll_interval": 5,
                  "owner_uid": 2000, "owner_gid": 2000, **args}  # fmt: skip
@@ -522,6 +524,11 @@ def run_action(
         commands.append(cmd)
         clock.now += took  # the read's time on the node, not a sleep of the action
         read = reads[min(len(commands), len(reads)) - 1]
+        if isinstance(read, threading.Event):  # a host gone dark: no answer until it is set
+            read.wait()
+            read = 255
+        if isinstance(read, Exception):
+            raise read
         if isinstance(read, int):
             return {"rc": read, "stdout": "", "stderr": "ssh: connection refused"}
         return {"rc": 0, "stdout": render(read), "stderr": ""}
@@ -634,6 +641,50 @@ def test_a_follow_with_a_trainer_after_it_hands_over_at_its_first_failed_read():
     )
     assert result["lines"] == shown[:-1]  # the restart and the progress line, said once
     assert (len(commands), clock.slept) == (2, [5.0])
+
+
+@pytest.mark.wallclock
+def test_a_read_through_a_host_gone_dark_hands_over_answer_s_after_its_wait(monkeypatch):
+    """A host cut off the network: its read neither answers nor fails until SSH's keepalives
+    give up (45 s); with a trainer after it, the follow hands over once the read has been silent
+    ANSWER s after its wait, and leaves that read behind."""
+    monkeypatch.setattr(follow, "ANSWER", 0.3)
+    dark = threading.Event()
+    threading.Timer(5.0, dark.set).start()  # were it waited for: SSH gives up, the read fails
+    started = time.monotonic()
+    try:
+        reads = [files(prog=progress(step=3)), dark]
+        result, shown, commands = run_action(reads, attempt="a2", move_on=True, poll_interval=0.1)
+    finally:
+        dark.set()
+    took = time.monotonic() - started
+    assert (result.get("failed"), result["unread"]) == (None, True)
+    assert result["msg"] == "no answer within 0.4 s"
+    assert shown[-1].startswith("run r: its records cannot be read through node2 (no answer")
+    assert len(commands) == 2
+    assert 0.4 <= took < within(2.0), took
+
+
+@pytest.mark.wallclock
+def test_the_last_trainer_s_read_is_waited_for_however_long_it_takes(monkeypatch):
+    """No trainer after it: its read is not given up on (SSH's keepalives and the read's own
+    timeout(1) bound it), and an answer later than ANSWER is taken."""
+    monkeypatch.setattr(follow, "ANSWER", 0.05)
+    late = threading.Event()
+    threading.Timer(0.5, late.set).start()  # it fails late; the next read says the run ended
+    reads = [late, files(prog=ended("completed"), summary={"status": "completed"})]
+    started = time.monotonic()
+    result, shown, commands = run_action(reads, attempt="a2", move_on=False, poll_interval=0.1)
+    assert time.monotonic() - started >= 0.5  # not given up on after 0.15 s
+    assert (result["outcome"], len(commands)) == ("completed", 2)
+    assert not any("next trainer" in line for line in shown)
+
+
+def test_an_error_of_a_read_with_a_trainer_after_it_is_the_task_s():
+    """The read runs in a thread where a trainer comes after it: what it raises (not a lost
+    connection, which hands over) still ends the task as Ansible's error."""
+    with pytest.raises(AnsibleError, match="sudo: a password is required"):
+        run_action([AnsibleError("sudo: a password is required")], attempt="a2", move_on=True)
 
 
 def test_the_next_trainer_s_follow_does_not_say_a_restart_again():

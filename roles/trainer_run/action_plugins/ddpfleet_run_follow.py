@@ -12,14 +12,18 @@ own files: ddpfleet_agent/reader.py), report and plot (report.txt's text, report
 lines (the progress lines shown) and shown (the restarts said so far).
 
 move_on: another trainer reads the same run directory (the shared storage), so the first read
-that fails ends this follow with ``unread`` and why (not failed): follow.yml goes on through the
-next trainer, as when node rank 0's host is lost, and passes ``shown`` on so that no restart is
-said twice. The last trainer's reads retry until the agents have been silent for stale_after.
+that fails, or that has not answered ANSWER s after its wait (a host gone dark holds its SSH
+connection until the keepalives give up, 45 s), ends this follow with ``unread`` and why (not
+failed): follow.yml goes on through the next trainer, as when node rank 0's host is lost, and
+passes ``shown`` on so that no restart is said twice. The last trainer's reads retry until the
+agents have been silent for stale_after.
 """
 
 from __future__ import annotations
 
+import contextvars
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -37,6 +41,10 @@ display = Display()
 # wait, so a longer one only delays noticing a hung storage or a lost link, and a silent SSH
 # command of 90 s at most stays far inside what keepalives (ansible.cfg) hold open.
 MAX_WAIT = 30.0
+# A read through a host that answers ends within its wait and a second or two (an SSH login and
+# sudo included); where another trainer can read, one still silent this long after its wait is
+# given up on (its command is left to SSH's keepalives) and the follow hands over.
+ANSWER = 15.0
 SPEC = {
     "run_dir": {"type": "str", "required": True},
     "run_id": {"type": "str", "required": True},
@@ -61,6 +69,29 @@ class ActionModule(ActionBase):
     _supports_check_mode = True
 
     def _read(self, a: dict, wait: float) -> tuple[dict | None, str]:
+        if not a["move_on"]:
+            return self._read_now(a, wait)
+        answer: list = []  # the read's result, or what it raised
+
+        def read() -> None:
+            try:
+                answer.append(self._read_now(a, wait))
+            except Exception as exc:  # raised again in the task's thread
+                answer.append(exc)
+
+        # a daemon thread, in the task's context (Ansible keeps its task there): one still
+        # blocked on a dark host does not hold the worker's exit
+        here = contextvars.copy_context()
+        reader = threading.Thread(target=here.run, args=(read,), daemon=True)
+        reader.start()
+        reader.join(wait + ANSWER)
+        if not answer:
+            return None, f"no answer within {wait + ANSWER:g} s"
+        if isinstance(answer[0], Exception):
+            raise answer[0]
+        return answer[0]
+
+    def _read_now(self, a: dict, wait: float) -> tuple[dict | None, str]:
         cmd = view.read_command(a["run_dir"], a["owner_uid"], a["owner_gid"], wait)
         try:
             res = self._low_level_execute_command(cmd, sudoable=True)
