@@ -218,6 +218,8 @@ def leader_gone_followed(cluster: Any) -> dict:
         status, stop, again = (ask.result() for ask in asked)
     finally:
         off_network(victim, "-D")
+    figure(f"node rank 0's host off the network -> status.yml {status.wall_s} s, stop.yml "
+           f"{stop.wall_s} s, train.yml again {again.wall_s} s (side by side)")  # fmt: skip
     moved = task_started(run.stdout, "Follow the run through node1")
     if moved:
         figure(f"node rank 0's host off the network -> train.yml reads through node1: "
