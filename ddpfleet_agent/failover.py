@@ -151,7 +151,8 @@ class Heal:
                 time.sleep(ASK_EVERY)
         finally:  # a check still running is ended
             if gate is not None:
-                self.on_par_at = time.time() if gate.on_par else self.on_par_at
+                if gate.on_par:
+                    self.on_par_at = time.time()
                 gate.close()
         # one that asked and was not let back before the end was left out, however it got here
         # (its store lost to it while it was frozen, or told it left out)

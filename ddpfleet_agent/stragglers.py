@@ -36,8 +36,8 @@ GAIN = 2.0  # a host left out comes back once its compute check is this many tim
 # gives at the median host's speed: 0.55-0.94x of that host's pace on the sandbox (CPU, 64 px)
 BACK = 1 / 3
 # ... but a host its check passed on par alone is held to its own figure for this long: the
-# check times the model, not a loader or a disk that slows the ranks, so such a host is left
-# out and taken back at most once in this time
+# check times the model, not a loader or a disk that slows the ranks, so such a host is taken
+# back on par at most once in this time
 PAR_AGAIN = 3600.0
 
 
