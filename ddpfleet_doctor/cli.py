@@ -5,6 +5,9 @@ process per GPU, with nvidia-smi health sampled while they run)::
 
     python -m ddpfleet_doctor compute --arch resnet50 --image-size 224 --batch-size 0 --amp auto
 
+doctor.yml gives every host ``--start-line 10.0.0.1:29601:3`` (the first host also
+``--serve-start-line``): the hosts warm up, then time their steps over the same seconds.
+
 Storage (read MB/s and PIL-decoded JPEGs/s of the shared dataset directory, see
 ddpfleet_doctor.storage)::
 
@@ -25,6 +28,7 @@ import json
 import sys
 import traceback
 
+from ddpfleet_doctor import startline
 from ddpfleet_doctor.compute import CPU_BATCH, GPU_BATCH, compute
 
 
@@ -52,6 +56,22 @@ def get_args_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--seconds", type=float, default=8.0, help="timed steps run at least this long")
     c.add_argument("--max-steps", type=int, default=50)
+    c.add_argument(
+        "--start-line",
+        default="",
+        metavar="ADDRESS:PORT:COUNT",
+        help="start timing when all COUNT processes (one per GPU, else one per host) are warmed"
+        " up: the line served at ADDRESS:PORT (ddpfleet_doctor.startline); empty: at once",
+    )
+    c.add_argument(
+        "--serve-start-line", action="store_true", help="this host serves the line (one host)"
+    )
+    c.add_argument(
+        "--start-timeout",
+        type=float,
+        default=startline.TIMEOUT,
+        help="seconds the line waits for the last process's warm-up",
+    )
     s = sub.add_parser("storage", help="read MB/s and decoded JPEGs/s of a directory")
     s.add_argument("--data-dir", required=True)
     s.add_argument("--host-index", type=int, default=0)
@@ -80,7 +100,7 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def _check_numbers(args) -> None:
     positive = {
-        "compute": ("image_size", "seconds", "max_steps"),
+        "compute": ("image_size", "seconds", "max_steps", "start_timeout"),
         "storage": ("files", "seconds", "hosts"),
         "network": ("allreduce_mb", "iters", "pair_seconds", "timeout"),
     }[args.check]
@@ -89,6 +109,8 @@ def _check_numbers(args) -> None:
             raise ValueError(
                 f"--{name.replace('_', '-')} must be positive, not {getattr(args, name)}"
             )
+    if getattr(args, "start_line", ""):
+        startline.parse(args.start_line)
     if getattr(args, "batch_size", 0) < 0:
         raise ValueError(f"--batch-size must be 0 or more, not {args.batch_size}")
 

@@ -6,32 +6,41 @@ while they run.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import threading
 import time
 import traceback
 
+from ddpfleet_doctor import startline
 from trainer.cpus import cpu_quota
 
 CPU_BATCH, GPU_BATCH = 8, 256  # --batch-size 0: per process
 
 
-def time_steps(step, warmup: int, seconds: float, max_steps: int) -> dict:
-    """Run ``step`` ``warmup`` times (at most seconds / 2 of it, at least once), then time it:
-    at least 2 steps, until ``seconds`` have passed or ``max_steps`` ran."""
+def time_steps(step, warmup: int, seconds: float, max_steps: int, at_start=None) -> dict:
+    """Run ``step`` ``warmup`` times (at most seconds / 2 of it, at least once), then
+    ``at_start()`` (the start line: it returns what goes into the figures), then time it: at
+    least 2 steps, until ``seconds`` have passed or ``max_steps`` ran."""
     start = time.perf_counter()
     for _ in range(max(1, warmup)):
         step()
         if time.perf_counter() - start >= seconds / 2:
             break
+    line = {"start_line": at_start()} if at_start is not None else {}
     steps, start = 0, time.perf_counter()
     while True:
         step()
         steps += 1
         elapsed = time.perf_counter() - start
         if steps >= max_steps or (steps >= 2 and elapsed >= seconds):
-            return {"steps": steps, "seconds": round(elapsed, 3), "steps_per_sec": steps / elapsed}
+            return {
+                "steps": steps,
+                "seconds": round(elapsed, 3),
+                "steps_per_sec": steps / elapsed,
+                **line,
+            }
 
 
 def measure(args, gpu: int | None, ready=None) -> dict:
@@ -70,7 +79,11 @@ def measure(args, gpu: int | None, ready=None) -> dict:
     if ready is not None:  # every GPU's process starts timing at the same moment
         step()
         ready.wait(timeout=600)
-    timed = time_steps(step, args.warmup, args.seconds, args.max_steps)
+    at_start = None
+    if args.start_line:
+        address, port, count = startline.parse(args.start_line)
+        at_start = functools.partial(startline.wait, address, port, count, args.start_timeout)
+    timed = time_steps(step, args.warmup, args.seconds, args.max_steps, at_start)
     amp = {torch.bfloat16: "bf16", torch.float16: "fp16", None: "off"}[dtype]
     return {
         "gpu": gpu,
@@ -98,6 +111,9 @@ def compute(args) -> dict:
     import torch  # noqa: PLC0415
 
     gpus = args.gpus if args.gpus >= 0 else torch.cuda.device_count()
+    if args.start_line and args.serve_start_line:  # open until this check's process ends
+        _, port, count = startline.parse(args.start_line)
+        startline.serve(port, count, args.start_timeout)
     base = {
         "arch": args.arch,
         "image_size": args.image_size,

@@ -71,6 +71,15 @@ def test_doctor_measures_every_host_and_flags_the_slow_one(cluster: Any, balance
     assert sorted(record["hosts"]) == names
     speeds = {h: record["hosts"][h]["compute"]["images_per_sec"] for h in names}
     assert min(speeds, key=speeds.get) == SLOW, speeds
+    # the hosts timed their steps over the same seconds, node3 warmed up last under its quota
+    for host in names:
+        assert record["hosts"][host]["compute"]["start_line"] == {
+            "together": 3,
+            "of": 3,
+            "waited_sec": record["hosts"][host]["compute"]["start_line"]["waited_sec"],
+        }
+    waited = {h: record["hosts"][h]["compute"]["start_line"]["waited_sec"] for h in names}
+    assert min(waited, key=waited.get) == SLOW, waited
     assert all(v > 0 for v in speeds.values()), speeds
     assert {(p["a"], p["b"]) for p in record["network"]["pairs"]} == {
         ("node1", "node2"),
@@ -84,7 +93,7 @@ def test_doctor_measures_every_host_and_flags_the_slow_one(cluster: Any, balance
         assert storage["read_mb_per_sec"] > 0, storage
         assert storage["jpegs_per_sec"] > 0, storage
     flagged = [f for f in record["flags"] if f["kind"] == "compute"]
-    assert [f["subject"] for f in flagged] == [SLOW], record["flags"]
+    assert [f["subject"] for f in flagged] == [SLOW], (speeds, record["flags"])
     assert "train_cpus" in flagged[0]["cause"]
     # the printed table: one row per host, and the flag in words
     for host in names:
