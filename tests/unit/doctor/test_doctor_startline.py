@@ -45,7 +45,7 @@ def test_every_process_starts_when_the_last_one_is_warmed_up():
     last = max(arrived for arrived, _, _ in out.values())
     left = [left for _, left, _ in out.values()]
     assert min(left) >= last  # nobody went before the last one was there
-    assert max(left) - min(left) < within(0.2), left  # and then all at once
+    assert max(left) - min(left) < within(0.5), left  # and then all at once
     assert all(
         f == {"together": 3, "of": 3, "waited_sec": f["waited_sec"]} for *_, f in out.values()
     )
@@ -59,7 +59,7 @@ def test_a_missing_process_holds_the_others_only_until_the_timeout_and_a_late_on
     threads = [wait_later(port, 3, 0.0, out, k, timeout=0.5) for k in ("a", "b")]
     for t in threads:
         t.join(timeout=within(10))
-    assert line.opened.is_set()
+    assert line.opened.wait(within(2))
     for _, _, figures in out.values():
         assert figures["together"] == 2
         assert figures["of"] == 3
