@@ -42,7 +42,6 @@ class Line:
 
     def __init__(self, listener: socket.socket, count: int, timeout: float) -> None:
         self._listener, self._count, self._timeout = listener, count, timeout
-        self.port = listener.getsockname()[1]
         self.opened = threading.Event()
         threading.Thread(target=self._run, name="ddpfleet-start-line", daemon=True).start()
 
@@ -63,7 +62,7 @@ class Line:
                 conn = self._listener.accept()[0]
             except OSError:
                 return
-            self._send([conn], f"late 1 {self._count}\n")
+            self._send([conn], "late\n")
 
     @staticmethod
     def _send(conns: list[socket.socket], line: str) -> None:
