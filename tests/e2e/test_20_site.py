@@ -186,6 +186,7 @@ def test_a_trainer_slurm_lists_as_not_responding_is_brought_back(
     site.yml restarts node3's slurmd alone, which registers at once, and finds every trainer
     idle; the other trainers' daemons are not touched."""
     controller, node = sandbox.nodes[0], sandbox.nodes[-1]
+    dead_nodes = "sinfo --noheader --Node --dead --format %N"  # what the role reads
     # no job left completing: with the srun test's job completing on node3 as its slurmd froze,
     # slurmctld listed node3 as not responding only at its next ping, 3 min later (seen here)
     deadline = time.monotonic() + 60
@@ -201,7 +202,7 @@ def test_a_trainer_slurm_lists_as_not_responding_is_brought_back(
         while node.hostname not in dead.split():
             assert time.monotonic() < deadline, f"slurmctld still has {node.hostname} responding"
             time.sleep(1)
-            dead = sandbox.ssh(controller, "sinfo --noheader --Node --dead --format %N").stdout
+            dead = sandbox.ssh(controller, dead_nodes).stdout
         run = run_site(sandbox, "--tags", "slurm")
     finally:
         sandbox.ssh(node, "systemctl kill --signal=SIGCONT slurmd")
@@ -209,7 +210,7 @@ def test_a_trainer_slurm_lists_as_not_responding_is_brought_back(
     restart = run.stdout.split("TASK [slurm : Restart slurmd on a trainer slurmctld lists")[1]
     restart = restart.split("TASK [", 1)[0]
     assert re.findall(r"changed: \[(\S+)\]", restart) == [node.name], run.tail()
-    dead = sandbox.ssh(controller, "sinfo --noheader --Node --dead --format %N")
+    dead = sandbox.ssh(controller, dead_nodes)
     assert (dead.returncode, dead.stdout) == (0, ""), dead.stdout + dead.stderr
     figure(f"site.yml --tags slurm with node3's slurmd not responding: {run.wall_s} s")
 
