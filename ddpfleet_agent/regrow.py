@@ -44,6 +44,7 @@ class Lead:
         self.join_checked = 0.0
         self.watch = stragglers.Watch()
         self.rebalance_wait: tuple[dict, dict, float | None, int | None, float] | None = None
+        self.kept_said: str | None = None  # the last rebalance that changed no share, said once
 
     def restarted(self) -> None:
         """A new start of the ranks: the detector counts its intervals only."""
@@ -104,11 +105,18 @@ class Lead:
                 speed = stragglers.weights(dict(named))
                 out = self._too_slow(speed)
                 said = ", ".join(f"{h} {s:.2f}x" for h, s in speed.items())
-                what = "new shares" if out is None else f"{cfg.hosts[out]} left out"
-                self.say(f"hosts' speeds {said}: {what} at the run's next checkpoint")
                 # the host left out gets a full share again once its compute check passes
                 back = {} if out is None else {cfg.hosts[out]: 1.0}
                 new = {**(weights or {}), **speed, **back}
+                kept = None if out is not None else self._shares_kept(ranks, new)
+                if kept is not None:
+                    self.watch = self.watch.not_counted()
+                    if kept != self.kept_said:
+                        self.kept_said = kept
+                        self.say(f"hosts' speeds {said}: {kept}; no restart")
+                    return None
+                what = "new shares" if out is None else f"{cfg.hosts[out]} left out"
+                self.say(f"hosts' speeds {said}: {what} at the run's next checkpoint")
                 # the median host's seconds per image (a rank's): what the check is held to
                 self.rebalance_wait = (new, speed, saved, out, statistics.median(middle))
             return None
@@ -123,6 +131,22 @@ class Lead:
         found = self._found(slowest, f"{what} after the checkpoint of step {int(saved)}")
         left = {} if out is None else {"leave_out": [out], "pace": float(f"{pace:.6g}")}
         return {**found, "rebalance": weights, "speeds": speed, **left}
+
+    def _shares_kept(self, ranks: list[list[dict]], weights: dict[str, float]) -> str | None:
+        """Why new ``weights`` would restart the ranks for nothing: the split the trainer makes
+        of the same global batch (stragglers.split, over each member's ranks in rank order)
+        gives every rank the share it has, or gives one a share of 0, which the trainer refuses;
+        None when the shares would change."""
+        hosts = self.cfg.hosts
+        ordered = [sorted(rs, key=lambda r: int(r.get("rank") or 0)) for rs in ranks]
+        owners = [hosts[n] for n, rs in zip(self.peers.members, ordered, strict=True) for _ in rs]
+        now = [int(r.get("batch") or 0) for rs in ordered for r in rs]
+        split = stragglers.split(sum(now), [weights.get(h, 1.0) for h in owners])
+        if split == now:
+            return "the shares they give are the ones the ranks have"
+        if 0 in split:
+            return f"a rank of {owners[split.index(0)]} would get 0 of the {sum(now)} images"
+        return None
 
     def _too_slow(self, speed: dict[str, float]) -> int | None:
         """The host to leave out rather than give a share (stragglers.too_slow): one the run

@@ -20,9 +20,11 @@ median host's pace in the run as it was left out (``wanted``; gate.py).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from fractions import Fraction
 
 THRESHOLD = 1.3  # a host's load this far over or under the balanced step's 1.0: beyond noise
 WORTH = 1.1  # the least a rebalance must gain: the step now over the balanced one
@@ -56,6 +58,12 @@ class Watch:
     def restarted(self) -> Watch:
         """A new start of the ranks (any shares): its intervals only; the rebalances stay."""
         return Watch(rebalanced=self.rebalanced)
+
+    def not_counted(self) -> Watch:
+        """The rebalance ``observe`` just called for gave the ranks the shares they have (or
+        one a share of 0, which the trainer refuses): no restart, so not one of MOST_PER_HOUR;
+        it looks again after a new window."""
+        return replace(self, rebalanced=self.rebalanced[:-1])
 
 
 def loads(shares: Sequence[float], times: Sequence[float]) -> list[float]:
@@ -109,6 +117,20 @@ def worth(load: Sequence[float]) -> bool:
 def _medians(history: Sequence[Sequence[float]]) -> list[float]:
     """Each host's median of the intervals' figures."""
     return [statistics.median(host) for host in zip(*history, strict=True)]
+
+
+def split(total: int, weights: Sequence[float]) -> list[int]:
+    """Largest-remainder split of ``total`` images proportional to ``weights`` (exact rational
+    arithmetic; ties go to the lower rank): each rank's share of a step's global batch, as the
+    trainer takes it (trainer.balance.split_batch, which refuses a share of 0). Sums to
+    ``total``."""
+    exact = [Fraction(w) for w in weights]
+    quotas = [total * w / sum(exact) for w in exact]
+    shares = [math.floor(q) for q in quotas]
+    by_remainder = sorted(range(len(quotas)), key=lambda r: (shares[r] - quotas[r], r))
+    for r in by_remainder[: total - sum(shares)]:
+        shares[r] += 1
+    return shares
 
 
 def weights(times: Mapping[str, float]) -> dict[str, float]:

@@ -12,12 +12,12 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
-from fractions import Fraction
 from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import Sampler
 
+from ddpfleet_agent import stragglers
 from ddpfleet_agent.restarts import WEIGHTS_ENV
 from trainer.config import BadInputError
 from trainer.model import autocast
@@ -48,15 +48,10 @@ def parse_weights(text: str, name: str = "--batch-weights") -> list[float] | Non
 def split_batch(
     global_batch: int, weights: Sequence[float], name: str = "--batch-weights"
 ) -> list[int]:
-    """Largest-remainder split of ``global_batch`` proportional to ``weights`` (exact rational
-    arithmetic; ties go to the lower rank). Sums to ``global_batch``; refuses a zero share
-    (``name``: where the weights came from)."""
-    exact = [Fraction(w) for w in weights]
-    quotas = [global_batch * w / sum(exact) for w in exact]
-    shares = [math.floor(q) for q in quotas]
-    by_remainder = sorted(range(len(quotas)), key=lambda r: (shares[r] - quotas[r], r))
-    for r in by_remainder[: global_batch - sum(shares)]:
-        shares[r] += 1
+    """Largest-remainder split of ``global_batch`` proportional to ``weights``
+    (ddpfleet_agent.stragglers.split: the agents work out the same shares); refuses a zero
+    share (``name``: where the weights came from)."""
+    shares = stragglers.split(global_batch, weights)
     for r, share in enumerate(shares):
         if share == 0:
             raise BadInputError(

@@ -9,6 +9,7 @@ import tempfile
 
 import pytest
 
+from ddpfleet_agent import stragglers
 from ddpfleet_agent.cli import parse_args
 from ddpfleet_agent.restarts import WEIGHTS_ENV
 from ddpfleet_agent.stragglers import NEEDED, WINDOW
@@ -179,3 +180,39 @@ def test_the_store_s_host_is_never_left_out(lead):
     assert cause is not None
     assert "leave_out" not in cause
     assert cause["rebalance"]["h0"] == 0.1
+
+
+def straggle(agent, times, shares, rounds):
+    """``rounds`` windows of intervals at ``times`` over ``shares``: each call's answer."""
+    answers = []
+    for i in range(rounds * (WINDOW + NEEDED)):
+        interval(agent, 10 + i * 10, times, shares, saved=10 * i)
+        answers.append(rebalance(agent, float(i)))
+    return answers
+
+
+def test_new_weights_that_split_the_batch_as_now_restart_nothing(lead):
+    """h2 paces a step of 2 images a rank at 0.6x (1.3x the balanced step), but 6 images
+    split 1 : 1 : 0.6 are still 2, 2, 2 (the trainer's largest-remainder split): no restart,
+    said once, and not one of the rebalances an hour allows."""
+    said = []
+    lead.lead.say = said.append
+    answers = straggle(lead, [0.01, 0.01, 0.01 / 0.6], [2, 2, 2], rounds=3)
+    assert answers == [None] * len(answers)
+    assert lead.lead.rebalance_wait is None
+    assert said == ["hosts' speeds h0 1.00x, h1 1.00x, h2 0.60x: the shares they give are the "
+                    "ones the ranks have; no restart"]  # fmt: skip
+    assert lead.lead.watch.rebalanced == ()
+
+
+def test_new_weights_that_would_give_a_rank_no_image_restart_nothing(lead):
+    """One image a rank, h2 a tenth as fast: 3 images split 1 : 1 : 0.1 give h2's rank 0,
+    which the trainer refuses (its restart would fail the run)."""
+    said = []
+    lead.lead.say = said.append
+    answers = straggle(lead, [0.01, 0.01, 0.1], [1, 1, 1], rounds=2)
+    assert answers == [None] * len(answers)
+    assert lead.lead.rebalance_wait is None
+    assert said == ["hosts' speeds h0 1.00x, h1 1.00x, h2 0.10x: a rank of h2 would get 0 of "
+                    "the 3 images; no restart"]  # fmt: skip
+
