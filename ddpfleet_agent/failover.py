@@ -99,7 +99,7 @@ class Heal:
         leaving = [int(n) for n in cause.get("leave_out") or []]
         new = cause.get("rebalance") or {}
         weights = {str(h): float(w) for h, w in new.items()} if new else self.starts.weights
-        after = len(self.starts.attempts)  # the generation of the restart
+        after = self.peers.generation + 1  # the restart's (Starts.restarted)
         back = " with every host back" if joining else ""
         back += f" without {', '.join(self.cfg.hosts[n] for n in leaving)}" if leaving else ""
         self.say(f"{cause.get('reason')}: restart from the newest checkpoint{back}")

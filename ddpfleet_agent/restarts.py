@@ -190,7 +190,9 @@ class Starts:
         how = f"without {cause.get('host')}" if cause.get("gone") else "in place"
         self.count(cause, f"{how} from the newest checkpoint")
         left_out = [int(cause.get("node_rank", -1))] if cause.get("gone") else []
-        return self.regroup(len(self.attempts), standing, cause, left_out)
+        # the run's next generation, not this host's count of starts: a host let back in
+        # (failover.Heal.rejoined) missed the starts it was out of
+        return self.regroup(self.peers.generation + 1, standing, cause, left_out)
 
     def regroup(
         self,

@@ -5,16 +5,19 @@ each host on an address of its own (127.0.0.1-3, one port), lose node rank 0's a
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 
 import pytest
 from time_bounds import within
 
 from ddpfleet_agent.cli import BadAgentInput, parse_args
+from ddpfleet_agent.machine import Standing
 from ddpfleet_agent.membership import StoreLost
 from ddpfleet_agent.peers import Peers
 from ddpfleet_agent.restarts import regrouped
 from ddpfleet_agent.store import StoreClient, StoreServer
+from ddpfleet_agent.supervise import Agent
 from ddpfleet_agent.wire import admits, launch_key, seal
 
 ADDRESSES = "127.0.0.1,127.0.0.2,127.0.0.3"
@@ -132,3 +135,36 @@ def test_a_host_cut_off_stops_following_once_the_lost_store_answers_again():
     with pytest.raises(StoreLost, match=r"no store at 127\.0\.0\.2"):
         peers.follow(1, 2, 0)
     assert 2 <= time.monotonic() - began < within(6)
+
+
+def test_a_host_let_back_in_restarts_at_the_run_s_next_generation(tmp_path, monkeypatch):
+    """h2 was out of generation 1 (cut off) and let back in at generation 2. The run's next
+    generations are 3 (new shares) and 4 (h1 lost), as for the hosts that never left: not its
+    own count of starts (2 then 3), which regrouped it with the generation it was already in
+    (in the sandbox: its ranks started for the three hosts of generation 2, and the run failed).
+    No process: the store's answers are those the regroup would get."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    agent = Agent(parse_args([
+        "--run-dir", str(tmp_path), "--run-id", "t1", "--hosts", "h0,h1,h2", "--host", "h2",
+        "--node-rank", "2", "--store", "127.0.0.1:1", "--attempt", "a1", "--key-file", "k",
+        "--world-size", "3", "--min-hosts", "2", "--restarts", "2", "--", "true"]))  # fmt: skip
+    agent.ranks.start = lambda command, env: None
+    asked = []
+
+    def regroup(generation, within, left_out, joining=None):
+        asked.append((generation, left_out))
+        agent.peers.generation = generation
+        agent.peers.members = [n for n in (0, 1, 2) if n not in left_out]
+        return {"nodes": agent.peers.members, "missing": []}
+
+    agent.peers.regroup = regroup
+    agent.starts.start()  # generation 0
+    assert agent.heal._back({"generation": 2}, Standing(left_out=True))[0]
+    new_shares = {"reason": "new shares after the checkpoint of step 60", "host": "h2",
+                  "rebalance": {"h0": 1.0, "h1": 1.0, "h2": 0.5}}  # fmt: skip
+    assert agent.heal.regrown(Standing(failure=new_shares))[0]
+    lost = {"reason": "no keepalive from its agent for 10s", "host": "h1", "node_rank": 1,
+            "rank": 1, "gone": True}  # fmt: skip
+    assert agent.starts.restarted(Standing(failure=lost))[0]
+    assert asked == [(2, []), (3, []), (4, [1])]
+    assert agent.starts.attempts[-1]["hosts"] == ["h0", "h2"]
