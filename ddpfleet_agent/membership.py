@@ -197,15 +197,22 @@ class Membership:
 
         return self._guarded(lambda: [n for n in out if asked(n)])  # type: ignore[return-value]
 
-    def welcome(self, generation: int, joining: list[int], weights: dict | None = None) -> None:
-        """Node rank 0: tell the hosts ``joining`` the generation they start with, with whom
-        and the hosts' ``weights`` (regrow.py); their requests are answered."""
+    def welcome(
+        self,
+        generation: int,
+        joining: list[int],
+        weights: dict | None = None,
+        causes: list | None = None,
+    ) -> None:
+        """Node rank 0: tell the hosts ``joining`` the generation they start with, with whom,
+        the hosts' ``weights`` (regrow.py) and the run's restarts so far (``causes``); their
+        requests are answered."""
         said = {"generation": generation, "nodes": sorted({*self.members, *joining})}
 
         def write() -> None:
             for n in joining:
                 self.taken_back[n] = generation
-                self._set(f"welcome/{n}", {**said, "weights": weights})
+                self._set(f"welcome/{n}", {**said, "weights": weights, "causes": causes})
                 with contextlib.suppress(StoreLost):  # the answer counts; the request may stay
                     self._call("delete_key", f"join/{n}")
 

@@ -139,18 +139,20 @@ _weights = _none_or(
     )
 )
 _rank_view = _fields(rank=_int, phase=_none_or(_str), **dict.fromkeys(RANK_NUMBERS, _number))
+_failure = _fields(host=_str, reason=_str, rank=_none_or(_int), rebalance=_weights, speeds=_weights)
 SHAPES: dict[str, Callable[[dict], bool]] = {
     "alive": _fields(count=_int),
     "ranks": _fields(state=_str, ranks=_list_of(_rank_view)),
     "exit": _fields(outcome=_str, host=_none_or(_str)),
-    "failure": _fields(
-        host=_str, reason=_str, rank=_none_or(_int), rebalance=_weights, speeds=_weights
-    ),
+    "failure": _failure,
     "stop": _fields(by=_str),
     "dumped": _fields(host=_str, ranks=_is(list)),
     "ready": _fields(host=_str),
     "join": _fields(host=_str, generation=_int),
-    "welcome": _fields(generation=_int, nodes=_list_of(_int), weights=_weights),
+    # causes: the run's restarts so far (restarts.Starts.causes), which the host let in adopts
+    "welcome": _fields(
+        generation=_int, nodes=_list_of(_int), weights=_weights, causes=_none_or(_list_of(_failure))
+    ),
     "leader": _fields(node=_int, generation=_int),
     "members": _fields(nodes=_list_of(_int), missing=_list_of(_int)),
 }

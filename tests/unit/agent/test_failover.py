@@ -142,7 +142,9 @@ def test_a_host_let_back_in_restarts_at_the_run_s_next_generation(tmp_path, monk
     generations are 3 (new shares) and 4 (h1 lost), as for the hosts that never left: not its
     own count of starts (2 then 3), which regrouped it with the generation it was already in
     (in the sandbox: its ranks started for the three hosts of generation 2, and the run failed).
-    No process: the store's answers are those the regroup would get."""
+    It counts the run's restarts as the store's host does (the welcome's): the one that left it
+    out, not the failover of its own it tried when it was the one cut off. No process: the
+    store's answers are those the regroup would get."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     agent = Agent(parse_args([
         "--run-dir", str(tmp_path), "--run-id", "t1", "--hosts", "h0,h1,h2", "--host", "h2",
@@ -158,8 +160,18 @@ def test_a_host_let_back_in_restarts_at_the_run_s_next_generation(tmp_path, monk
         return {"nodes": agent.peers.members, "missing": []}
 
     agent.peers.regroup = regroup
+    said = []
+    agent.starts.say = said.append
     agent.starts.start()  # generation 0
-    assert agent.heal._back({"generation": 2}, Standing(left_out=True))[0]
+    # its own count: the failovers it tried while it was the one cut off (h0's store lost to
+    # it, then h1's, which served none) ...
+    agent.starts.causes = [{"host": h, "reason": "lost the connection to the run's store"}
+                           for h in ("h0", "h1")]  # fmt: skip
+    # ... and the run's, as the store's host counted it: one restart, without h2
+    left_out = {"host": "h2", "reason": "no keepalive from its agent for 10s", "gone": True}
+    back = {"generation": 2, "nodes": [0, 1, 2], "causes": [left_out]}
+    assert agent.heal._back(back, Standing(left_out=True))[0]
+    assert agent.starts.restarts == 1
     new_shares = {"reason": "new shares after the checkpoint of step 60", "host": "h2",
                   "rebalance": {"h0": 1.0, "h1": 1.0, "h2": 0.5}}  # fmt: skip
     assert agent.heal.regrown(Standing(failure=new_shares))[0]
@@ -168,3 +180,5 @@ def test_a_host_let_back_in_restarts_at_the_run_s_next_generation(tmp_path, monk
     assert agent.starts.restarted(Standing(failure=lost))[0]
     assert asked == [(2, []), (3, []), (4, [1])]
     assert agent.starts.attempts[-1]["hosts"] == ["h0", "h2"]
+    assert agent.starts.restarts == 2
+    assert said[-1].startswith("restart 2 of 2 without h1 from the newest checkpoint after: ")

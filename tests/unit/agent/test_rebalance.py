@@ -9,7 +9,6 @@ import tempfile
 
 import pytest
 
-from ddpfleet_agent import stragglers
 from ddpfleet_agent.cli import parse_args
 from ddpfleet_agent.restarts import WEIGHTS_ENV
 from ddpfleet_agent.stragglers import NEEDED, WINDOW
@@ -215,4 +214,3 @@ def test_new_weights_that_would_give_a_rank_no_image_restart_nothing(lead):
     assert lead.lead.rebalance_wait is None
     assert said == ["hosts' speeds h0 1.00x, h1 1.00x, h2 0.10x: a rank of h2 would get 0 of "
                     "the 3 images; no restart"]  # fmt: skip
-

@@ -202,3 +202,12 @@ def test_new_shares_that_are_not_positive_numbers_are_no_failure_and_no_welcome(
     welcome = {"generation": 3, "nodes": [0, 1, 2]}
     assert SHAPES["welcome"]({**welcome, "weights": {"h0": 1.0}})
     assert not SHAPES["welcome"]({**welcome, "weights": weights})
+
+
+@pytest.mark.parametrize("causes", [[{"host": 2, "reason": "r"}], "r", [None], {"host": "h2"}])
+def test_a_welcome_whose_restarts_are_not_failures_is_ignored(causes) -> None:
+    """A welcome carries the run's restarts (their causes), which the host let in counts from."""
+    welcome = {"generation": 3, "nodes": [0, 1, 2]}
+    assert SHAPES["welcome"]({**welcome, "causes": [{"host": "h2", "reason": "r", "rank": None}]})
+    assert SHAPES["welcome"]({**welcome, "causes": None})
+    assert not SHAPES["welcome"]({**welcome, "causes": causes})
