@@ -7,7 +7,10 @@
   test_35): node1 serves a new store, node1 and node3 restart without node2 from the newest
   checkpoint with the same global batch, status.yml finds the run from another host while
   node2's storage does not answer, and node2, reconnected, rejoins at a checkpoint; the run
-  goes on with every host until stop.yml ends it.
+  goes on with every host. Then node3 goes off the network (every packet but its loopback's
+  dropped: the controller cannot reach it either); the run goes on without it, and stop.yml,
+  while node3 still cannot be reached, stops it on node1 and node2 (rc 0, summary
+  `stopped`); back on the network, node3's agent ends and the run stays stopped.
 - Where too few hosts are left (train_min_hosts=3), losing node rank 0's host (its container
   killed) fails the run within the peer timeout + 60 s, naming the host, and no container of
   the run is left.
@@ -17,7 +20,7 @@
   train.yml reports it completed (rc 0) with the restart that left node2 out and the plot;
   status.yml, stop.yml and train.yml again, while node2 cannot be reached, read the run through
   the others (status.yml names node2 unreachable); back on the network, node2's agent ends.
-Cost: three runs, ~5.5 min on a 2-core host.
+Cost: three runs, ~4.5 min on a 2-core host.
 """
 
 from __future__ import annotations
@@ -85,6 +88,16 @@ print(f"hostile: {len(idle)} half-sent frames held")
 """
 
 
+def off_network(node: Any, action: str) -> None:
+    """Insert (-I) or delete (-D) rules that drop every packet of the node but its loopback's,
+    through the engine (docker exec): with them in, nothing reaches it, not the test's SSH."""
+    for chain, way in (("INPUT", "-i"), ("OUTPUT", "-o")):
+        rule = ["iptables", action, chain, "!", way, "lo", "-j", "DROP"]
+        done = subprocess.run(["docker", "exec", node.hostname, *rule],
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+
 @pytest.fixture(scope="module")
 def leader_lost(cluster: Any) -> dict:
     rid = run_id("leader")
@@ -108,14 +121,23 @@ def leader_lost(cluster: Any) -> dict:
         drop_peers(cluster, victim, "-D")
     back = wait_attempts(cluster, rid, 3, timeout=180)[2]
     figure(f"node rank 0's host back -> first step with it: {back['heal_sec']} s")
-    # as test_35's: the run has steps to spare, and stop.yml ends it once node2 trains again
-    stop = run_site(cluster, "-e", f"run_id={rid}", playbook="stop.yml")
-    assert stop.rc == 0, stop.tail()
-    wait_gone(cluster, rid, 60)
+    # as test_35's: the run has steps to spare. With every host back, node3 goes off the
+    # network (gone for its peers and the controller alike); once the run trains on without
+    # it, stop.yml ends it on the others while node3 still cannot be reached
+    off_network(third, "-I")
+    try:
+        without = wait_attempts(cluster, rid, 4, timeout=PEER_TIMEOUT + 30 + 60)[3]
+        stop = run_site(cluster, "-e", f"run_id={rid}", playbook="stop.yml")
+    finally:
+        off_network(third, "-D")
+    figure(f"a running run, node3 off the network -> stop.yml {stop.wall_s} s")
+    took = wait_gone(cluster, rid, 60)
+    figure(f"node3 back on the network after the stop -> its agent gone: {took:.1f} s")
     data = summary(cluster, rid)
     return {"rid": rid, "victim": victim, "went_on": went_on, "status": status,
-            "hostile": hostile, "summary": data, "shrunk": attempts[1],
-            "hosts": [n.name for n in cluster.nodes], "third": third}  # fmt: skip
+            "hostile": hostile, "summary": data, "shrunk": attempts[1], "stop": stop,
+            "without": without, "hosts": [n.name for n in cluster.nodes],
+            "third": third}  # fmt: skip
 
 
 def test_a_hostile_store_client_does_not_end_the_run(leader_lost: dict) -> None:
@@ -158,6 +180,21 @@ def test_node_rank_0_s_host_rejoins_and_the_run_goes_on_with_every_host(
     assert back["world_size"] == 3
 
 
+def test_stop_ends_a_running_run_on_the_hosts_it_reaches_and_the_one_off_it_follows(
+    leader_lost: dict,
+) -> None:
+    """stop.yml with node3 off the network: rc 0, the others stop with a checkpoint, and node3's
+    agent, back on the network, ends without writing over the run's end."""
+    stop, rid, third = leader_lost["stop"], leader_lost["rid"], leader_lost["third"].name
+    assert third not in leader_lost["without"]["hosts"], leader_lost["without"]
+    assert stop.rc == 0, stop.tail()
+    assert f"run {rid} stopped (" in stop.stdout, stop.tail()
+    assert f"resume with train.yml -e run_id={rid}" in stop.stdout, stop.tail()
+    data = leader_lost["summary"]
+    assert (data["status"], data["world_size"]) == ("stopped", 2), data
+    assert sorted(data["attempts"][-1]["hosts"]) == ["node1", "node2"], data["attempts"][-1]
+
+
 @pytest.fixture(scope="module")
 def leader_lost_for_good(cluster: Any) -> dict:
     rid = run_id("leaderfinal")
@@ -182,16 +219,6 @@ def test_losing_node_rank_0_s_host_with_too_few_left_ends_in_bounded_time_naming
         f"run {leader_lost_for_good['rid']} failed: host {victim} rank 0: "
     ), data["cause"]
     assert data["cause"].endswith("not restarted: 2 host(s) left, train_min_hosts is 3"), data
-
-
-def off_network(node: Any, action: str) -> None:
-    """Insert (-I) or delete (-D) rules that drop every packet of the node but its loopback's,
-    through the engine (docker exec): with them in, nothing reaches it, not the test's SSH."""
-    for chain, way in (("INPUT", "-i"), ("OUTPUT", "-o")):
-        rule = ["iptables", action, chain, "!", way, "lo", "-j", "DROP"]
-        done = subprocess.run(["docker", "exec", node.hostname, *rule],
-                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
-        assert done.returncode == 0, done.stderr
 
 
 @pytest.fixture(scope="module")
