@@ -44,11 +44,11 @@ class Lead:
         self.join_checked = 0.0
         self.watch = stragglers.Watch()
         self.rebalance_wait: tuple[dict, dict, float | None, int | None, float] | None = None
-        self.kept_said: str | None = None  # the last rebalance that changed no share, said once
+        self.kept_said: str | None = None  # why new shares changed nothing, said once a start
 
     def restarted(self) -> None:
         """A new start of the ranks: the detector counts its intervals only."""
-        self.watch, self.rebalance_wait = self.watch.restarted(), None
+        self.watch, self.rebalance_wait, self.kept_said = self.watch.restarted(), None, None
 
     def _ranks(self) -> list[list[dict]]:
         """Each member's views of its ranks (node rank 0's first)."""

@@ -199,9 +199,13 @@ def test_new_weights_that_split_the_batch_as_now_restart_nothing(lead):
     answers = straggle(lead, [0.01, 0.01, 0.01 / 0.6], [2, 2, 2], rounds=3)
     assert answers == [None] * len(answers)
     assert lead.lead.rebalance_wait is None
-    assert said == ["hosts' speeds h0 1.00x, h1 1.00x, h2 0.60x: the shares they give are the "
-                    "ones the ranks have; no restart"]  # fmt: skip
+    kept = ("hosts' speeds h0 1.00x, h1 1.00x, h2 0.60x: the shares they give are the ones the "
+            "ranks have; no restart")  # fmt: skip
+    assert said == [kept]
     assert lead.lead.watch.rebalanced == ()
+    lead.lead.restarted()  # a new start (another cause): said again once
+    straggle(lead, [0.01, 0.01, 0.01 / 0.6], [2, 2, 2], rounds=2)
+    assert said == [kept, kept]
 
 
 def test_new_weights_that_would_give_a_rank_no_image_restart_nothing(lead):
