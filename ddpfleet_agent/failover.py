@@ -105,7 +105,8 @@ class Heal:
         self.say(f"{cause.get('reason')}: restart from the newest checkpoint{back}")
         if self.peers.leads:
             try:
-                self.peers.welcome(after, joining, weights, self.starts.causes)
+                run = {"causes": self.starts.causes, "attempts": self.starts.attempts}
+                self.peers.welcome(after, joining, weights, run)
             except StoreLost:
                 return False, replace(standing, store_ok=False)
         regroup = self.starts.regroup
@@ -160,8 +161,7 @@ class Heal:
 
     def _back(self, said: dict, standing: Standing) -> tuple[bool, Standing]:
         self.say(f"back in the run at its generation {said['generation']}")
-        if said.get("causes") is not None:
-            self.starts.take_count(said["causes"])
+        self.starts.take_record(said.get("causes"), said.get("attempts"))
         self.records.storage_back()  # the members are those said (Peers.welcomed)
         back = replace(standing, store_ok=True, left_out=False)
         return self.starts.regroup(said["generation"], back, None, [], weights=said.get("weights"))

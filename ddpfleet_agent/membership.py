@@ -202,17 +202,17 @@ class Membership:
         generation: int,
         joining: list[int],
         weights: dict | None = None,
-        causes: list | None = None,
+        run: dict | None = None,
     ) -> None:
         """Node rank 0: tell the hosts ``joining`` the generation they start with, with whom,
-        the hosts' ``weights`` (regrow.py) and the run's restarts so far (``causes``); their
-        requests are answered."""
-        said = {"generation": generation, "nodes": sorted({*self.members, *joining})}
+        the hosts' ``weights`` (regrow.py), and the run's restarts and starts so far (``run``:
+        {causes, attempts}, restarts.Starts'); their requests are answered."""
+        said = {"generation": generation, "nodes": sorted({*self.members, *joining}), **(run or {})}
 
         def write() -> None:
             for n in joining:
                 self.taken_back[n] = generation
-                self._set(f"welcome/{n}", {**said, "weights": weights, "causes": causes})
+                self._set(f"welcome/{n}", {**said, "weights": weights})
                 with contextlib.suppress(StoreLost):  # the answer counts; the request may stay
                     self._call("delete_key", f"join/{n}")
 

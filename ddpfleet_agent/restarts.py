@@ -99,11 +99,15 @@ class Starts:
         """When the run's first start began (None: not yet)."""
         return self.attempts[0]["started"] if self.attempts else None
 
-    def take_count(self, causes: list[Failure]) -> None:
-        """The run's restarts as the store's host counted them, for a host let back in: its own
-        count missed those it was out of, or counted a failover it tried while it was the one
-        cut off; every host then refuses a restart past the same count."""
-        self.causes = list(causes)
+    def take_record(self, causes: list[Failure] | None, attempts: list[dict] | None) -> None:
+        """The run's restarts and starts as the store's host has them, for a host let back in:
+        its own missed those it was out of, or counted a failover it tried while it was the
+        one cut off. Every host then refuses a restart past the same count, and writes the
+        whole run's attempts should it come to serve the store."""
+        if causes is not None:
+            self.causes = list(causes)
+        if attempts:
+            self.attempts = [dict(a) for a in attempts]
 
     def count(self, cause: Failure, how: str) -> None:
         """Count a restart after ``cause`` and say ``how`` the run goes on."""

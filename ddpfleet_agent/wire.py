@@ -149,9 +149,14 @@ SHAPES: dict[str, Callable[[dict], bool]] = {
     "dumped": _fields(host=_str, ranks=_is(list)),
     "ready": _fields(host=_str),
     "join": _fields(host=_str, generation=_int),
-    # causes: the run's restarts so far (restarts.Starts.causes), which the host let in adopts
+    # causes, attempts: the run's restarts and starts so far (restarts.Starts), which the host
+    # let in adopts
     "welcome": _fields(
-        generation=_int, nodes=_list_of(_int), weights=_weights, causes=_none_or(_list_of(_failure))
+        generation=_int,
+        nodes=_list_of(_int),
+        weights=_weights,
+        causes=_none_or(_list_of(_failure)),
+        attempts=_none_or(_list_of(_is(dict))),
     ),
     "leader": _fields(node=_int, generation=_int),
     "members": _fields(nodes=_list_of(_int), missing=_list_of(_int)),

@@ -142,9 +142,9 @@ def test_a_host_let_back_in_restarts_at_the_run_s_next_generation(tmp_path, monk
     generations are 3 (new shares) and 4 (h1 lost), as for the hosts that never left: not its
     own count of starts (2 then 3), which regrouped it with the generation it was already in
     (in the sandbox: its ranks started for the three hosts of generation 2, and the run failed).
-    It counts the run's restarts as the store's host does (the welcome's): the one that left it
-    out, not the failover of its own it tried when it was the one cut off. No process: the
-    store's answers are those the regroup would get."""
+    It counts the run's restarts and starts as the store's host does (the welcome's): the
+    restart that left it out, not the failovers of its own it tried when it was the one cut
+    off. No process: the store's answers are those the regroup would get."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     agent = Agent(parse_args([
         "--run-dir", str(tmp_path), "--run-id", "t1", "--hosts", "h0,h1,h2", "--host", "h2",
@@ -169,9 +169,14 @@ def test_a_host_let_back_in_restarts_at_the_run_s_next_generation(tmp_path, monk
                            for h in ("h0", "h1")]  # fmt: skip
     # ... and the run's, as the store's host counted it: one restart, without h2
     left_out = {"host": "h2", "reason": "no keepalive from its agent for 10s", "gone": True}
-    back = {"generation": 2, "nodes": [0, 1, 2], "causes": [left_out]}
+    run = [{**agent.starts.attempts[0], "started": 5.0}, {"hosts": ["h0", "h1"], "restart": 1}]
+    back = {"generation": 2, "nodes": [0, 1, 2], "causes": [left_out], "attempts": run}
     assert agent.heal._back(back, Standing(left_out=True))[0]
     assert agent.starts.restarts == 1
+    # ... and its starts: the run's, which it would write should it come to serve the store
+    assert [a["hosts"] for a in agent.starts.attempts] == [["h0", "h1", "h2"], ["h0", "h1"],
+                                                          ["h0", "h1", "h2"]]  # fmt: skip
+    assert agent.starts.began() == 5.0
     new_shares = {"reason": "new shares after the checkpoint of step 60", "host": "h2",
                   "rebalance": {"h0": 1.0, "h1": 1.0, "h2": 0.5}}  # fmt: skip
     assert agent.heal.regrown(Standing(failure=new_shares))[0]

@@ -204,10 +204,16 @@ def test_new_shares_that_are_not_positive_numbers_are_no_failure_and_no_welcome(
     assert not SHAPES["welcome"]({**welcome, "weights": weights})
 
 
-@pytest.mark.parametrize("causes", [[{"host": 2, "reason": "r"}], "r", [None], {"host": "h2"}])
-def test_a_welcome_whose_restarts_are_not_failures_is_ignored(causes) -> None:
-    """A welcome carries the run's restarts (their causes), which the host let in counts from."""
-    welcome = {"generation": 3, "nodes": [0, 1, 2]}
-    assert SHAPES["welcome"]({**welcome, "causes": [{"host": "h2", "reason": "r", "rank": None}]})
-    assert SHAPES["welcome"]({**welcome, "causes": None})
-    assert not SHAPES["welcome"]({**welcome, "causes": causes})
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("causes", [{"host": 2, "reason": "r"}]), ("causes", "r"), ("causes", [None]),
+     ("causes", {"host": "h2"}), ("attempts", ["a1"]), ("attempts", {"hosts": []})],
+)  # fmt: skip
+def test_a_welcome_whose_restarts_or_starts_are_of_another_shape_is_ignored(field, value) -> None:
+    """A welcome carries the run's restarts (their causes) and starts (attempts), which the host
+    let in takes as its own."""
+    welcome = {"generation": 3, "nodes": [0, 1, 2], "causes": None, "attempts": None}
+    assert SHAPES["welcome"](welcome)
+    causes = [{"host": "h2", "reason": "r", "rank": None}]
+    assert SHAPES["welcome"]({**welcome, "causes": causes, "attempts": [{"hosts": ["h0"]}]})
+    assert not SHAPES["welcome"]({**welcome, field: value})
