@@ -105,8 +105,7 @@ class Heal:
         self.say(f"{cause.get('reason')}: restart from the newest checkpoint{back}")
         if self.peers.leads:
             try:
-                run = {"causes": self.starts.causes, "attempts": self.starts.attempts}
-                self.peers.welcome(after, joining, weights, run)
+                self.peers.welcome(after, joining, weights, self.starts.record())
             except StoreLost:
                 return False, replace(standing, store_ok=False)
         regroup = self.starts.regroup
@@ -161,7 +160,7 @@ class Heal:
 
     def _back(self, said: dict, standing: Standing) -> tuple[bool, Standing]:
         self.say(f"back in the run at its generation {said['generation']}")
-        self.starts.take_record(said.get("causes"), said.get("attempts"))
+        self.starts.take_record(said)
         self.records.storage_back()  # the members are those said (Peers.welcomed)
         back = replace(standing, store_ok=True, left_out=False)
         return self.starts.regroup(said["generation"], back, None, [], weights=said.get("weights"))

@@ -206,7 +206,7 @@ class Membership:
     ) -> None:
         """Node rank 0: tell the hosts ``joining`` the generation they start with, with whom,
         the hosts' ``weights`` (regrow.py), and the run's restarts and starts so far (``run``:
-        {causes, attempts}, restarts.Starts'); their requests are answered."""
+        restarts.Starts.record); their requests are answered."""
         said = {"generation": generation, "nodes": sorted({*self.members, *joining}), **(run or {})}
 
         def write() -> None:

@@ -99,15 +99,19 @@ class Starts:
         """When the run's first start began (None: not yet)."""
         return self.attempts[0]["started"] if self.attempts else None
 
-    def take_record(self, causes: list[Failure] | None, attempts: list[dict] | None) -> None:
-        """The run's restarts and starts as the store's host has them, for a host let back in:
-        its own missed those it was out of, or counted a failover it tried while it was the
-        one cut off. Every host then refuses a restart past the same count, and writes the
-        whole run's attempts should it come to serve the store."""
-        if causes is not None:
-            self.causes = list(causes)
-        if attempts:
-            self.attempts = [dict(a) for a in attempts]
+    def record(self) -> dict:
+        """The run's restarts and starts so far, for the welcome of a host let back in."""
+        return {"causes": list(self.causes), "attempts": [dict(a) for a in self.attempts]}
+
+    def take_record(self, said: dict) -> None:
+        """The run's restarts and starts as the store's host has them (``record``, in its
+        welcome), for a host let back in: its own missed those it was out of, or counted a
+        failover it tried while it was the one cut off. Every host then refuses a restart past
+        the same count, and writes the whole run's attempts should it come to serve the store."""
+        if said.get("causes") is not None:
+            self.causes = list(said["causes"])
+        if said.get("attempts"):
+            self.attempts = [dict(a) for a in said["attempts"]]
 
     def count(self, cause: Failure, how: str) -> None:
         """Count a restart after ``cause`` and say ``how`` the run goes on."""
