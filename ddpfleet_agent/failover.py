@@ -163,4 +163,8 @@ class Heal:
         self.starts.take_record(said)
         self.records.storage_back()  # the members are those said (Peers.welcomed)
         back = replace(standing, store_ok=True, left_out=False)
-        return self.starts.regroup(said["generation"], back, None, [], weights=said.get("weights"))
+        # its start is the run's regrow, as the store's host records it: should this host come
+        # to serve the store, it writes the same entry
+        cause: Failure = {"regrow": said.get("joining") or [self.cfg.node_rank]}
+        regroup = self.starts.regroup
+        return regroup(said["generation"], back, cause, [], weights=said.get("weights"))

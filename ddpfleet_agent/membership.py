@@ -205,9 +205,10 @@ class Membership:
         run: dict | None = None,
     ) -> None:
         """Node rank 0: tell the hosts ``joining`` the generation they start with, with whom,
-        the hosts' ``weights`` (regrow.py), and the run's restarts and starts so far (``run``:
-        restarts.Starts.record); their requests are answered."""
-        said = {"generation": generation, "nodes": sorted({*self.members, *joining}), **(run or {})}
+        which of them come back, the hosts' ``weights`` (regrow.py), and the run's restarts and
+        starts so far (``run``: restarts.Starts.record); their requests are answered."""
+        said = {"generation": generation, "nodes": sorted({*self.members, *joining}),
+                "joining": sorted(joining), **(run or {})}  # fmt: skip
 
         def write() -> None:
             for n in joining:

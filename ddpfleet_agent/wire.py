@@ -149,11 +149,12 @@ SHAPES: dict[str, Callable[[dict], bool]] = {
     "dumped": _fields(host=_str, ranks=_is(list)),
     "ready": _fields(host=_str),
     "join": _fields(host=_str, generation=_int),
-    # causes, attempts: the run's restarts and starts so far (restarts.Starts), which the host
-    # let in adopts
+    # joining: the hosts let back in at it; causes, attempts: the run's restarts and starts so
+    # far (restarts.Starts), which the host let in adopts
     "welcome": _fields(
         generation=_int,
         nodes=_list_of(_int),
+        joining=_none_or(_list_of(_int)),
         weights=_weights,
         causes=_none_or(_list_of(_failure)),
         attempts=_none_or(_list_of(_is(dict))),

@@ -54,25 +54,44 @@ def test_node_rank_0_s_host_killed_the_next_host_serves_the_store_and_the_run_co
     assert (summary["status"], len(summary["attempts"])) == ("completed", 2)
 
 
-def test_node_rank_0_s_host_cut_off_steps_down_and_rejoins_at_a_checkpoint(cluster):
+def test_node_rank_0_s_host_cut_off_rejoins_and_serves_the_store_once_its_successor_is_lost(
+    cluster,
+):
     """h0 frozen past the peer timeout, as when cut off: h1 serves the store and h1, h2 go on;
     h0's agent, running again, finds every other host silent, stops serving its store, finds
-    h1's and is taken back at the next checkpoint; all three complete."""
-    c = cluster(3, restarts=1, **SHRINKS)
+    h1's and is taken back at the next checkpoint. Then h1, the store's host now, is killed:
+    h0, the lowest-ranked member left, serves the store again and h0, h2 complete. h0 writes
+    the run's records with every start, those it was out of too (the welcome's record)."""
+    c = cluster(3, restarts=2, **SHRINKS)
     completed_summary(c)
     c.start({0: "run:60", 1: "run:60", 2: "run:60", "1_R1": "run:60", "2_R1": "run:60",
-             "0_R2": "run:5", "1_R2": "run:5", "2_R2": "run:5"})  # fmt: skip
+             "0_R2": "run:60", "1_R2": "run:60", "2_R2": "run:60",
+             "0_R3": "run:5", "2_R3": "run:5"})  # fmt: skip
     c.heartbeat_ready(0, step=3)
     c.freeze_host(0, 10)
-    assert c.wait(120) == [0, 0, 0], c.output()
-    progress = c.json("progress.json")
+    h0_log = c.run_dir / "nodes" / "h0.log"
+    deadline = time.monotonic() + within(90)
+    while "back in the run at its generation 2" not in h0_log.read_text():
+        assert time.monotonic() < deadline, c.output()
+        time.sleep(0.3)
+    time.sleep(2)  # its ranks run in generation 2
+    c.kill_host(1)
+    assert c.wait(90) == [0, -9, 0], c.output()
+    progress = c.json("progress.json")  # written by h0's agent, the store's host again
     hosts = [a["hosts"] for a in progress["attempts"]]
-    assert hosts == [c.hosts, ["h1", "h2"], c.hosts], progress["attempts"]
-    assert progress["attempts"][2]["cause"].startswith("h0 back: rejoined at the checkpoint")
-    assert progress["status"] == "completed"
-    log = (c.run_dir / "nodes" / "h0.log").read_text()
+    assert hosts == [c.hosts, ["h1", "h2"], c.hosts, ["h0", "h2"]], progress["attempts"]
+    back, without = progress["attempts"][2:]
+    assert back["cause"].startswith("h0 back: rejoined at the checkpoint"), back
+    assert without["cause"].startswith("run t1 failed: host h1 rank 1: lost the connection to"
+                                       " the run's store on h1"), without  # fmt: skip
+    assert (progress["status"], progress["restarts"]) == ("completed", 2), progress
+    assert [a["restart"] for a in progress["attempts"]] == [0, 1, 1, 2]
+    assert progress["hosts"]["h1"] == "left out"
+    summary = c.json("summary.json")
+    assert (summary["status"], len(summary["attempts"])) == ("completed", 4), summary
+    log = h0_log.read_text()
     assert "stops serving the store" in log
-    assert "back in the run at its generation 2" in log
+    assert "restart 2 of 2 without h1 from the newest checkpoint, the run's store now on h0" in log
 
 
 def test_regrouped_names_the_first_member_s_host_as_torchrun_s_master():

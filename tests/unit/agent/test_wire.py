@@ -207,13 +207,15 @@ def test_new_shares_that_are_not_positive_numbers_are_no_failure_and_no_welcome(
 @pytest.mark.parametrize(
     ("field", "value"),
     [("causes", [{"host": 2, "reason": "r"}]), ("causes", "r"), ("causes", [None]),
-     ("causes", {"host": "h2"}), ("attempts", ["a1"]), ("attempts", {"hosts": []})],
+     ("causes", {"host": "h2"}), ("attempts", ["a1"]), ("attempts", {"hosts": []}),
+     ("joining", ["h2"]), ("joining", 2)],
 )  # fmt: skip
 def test_a_welcome_whose_restarts_or_starts_are_of_another_shape_is_ignored(field, value) -> None:
     """A welcome carries the run's restarts (their causes) and starts (attempts), which the host
-    let in takes as its own."""
+    let in takes as its own, and the hosts let in (joining), which its own entry names."""
     welcome = {"generation": 3, "nodes": [0, 1, 2], "causes": None, "attempts": None}
     assert SHAPES["welcome"](welcome)
     causes = [{"host": "h2", "reason": "r", "rank": None}]
-    assert SHAPES["welcome"]({**welcome, "causes": causes, "attempts": [{"hosts": ["h0"]}]})
+    record = {"causes": causes, "attempts": [{"hosts": ["h0"]}], "joining": [2]}
+    assert SHAPES["welcome"]({**welcome, **record})
     assert not SHAPES["welcome"]({**welcome, field: value})
