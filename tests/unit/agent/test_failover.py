@@ -29,29 +29,43 @@ def completed_summary(c) -> None:
     c.part_path.write_text(json.dumps({"status": "completed", "world_size": 2}))
 
 
-def test_node_rank_0_s_host_killed_the_next_host_serves_the_store_and_the_run_completes(cluster):
+def test_node_rank_0_s_host_killed_the_next_host_serves_the_store_and_takes_it_back(cluster):
+    """h0's agent killed: h1 serves the store and h1, h2 go on. h0's agent started again (a
+    restart policy, a re-run of train.yml) finds the run gone on under h1's store, not its own,
+    asks to come back and is taken back at the next checkpoint; all three complete."""
     c = cluster(3, restarts=1, **SHRINKS)
     completed_summary(c)
-    c.start({0: "run:60", 1: "run:60", 2: "run:60", "1_R1": "run:3", "2_R1": "run:3"})
+    c.start({0: "run:60", 1: "run:60", 2: "run:60", "1_R1": "run:60", "2_R1": "run:60",
+             "0_R2": "run:5", "1_R2": "run:5", "2_R2": "run:5"})  # fmt: skip
     c.heartbeat_ready(0, step=3)
     c.kill_host(0)
-    assert c.wait(60)[1:] == [0, 0], c.output()
+    deadline = time.monotonic() + within(60)
+    while "the run's store now on h1" not in (c.run_dir / "nodes" / "h2.log").read_text():
+        assert time.monotonic() < deadline, c.output()
+        time.sleep(0.3)
+    time.sleep(2)  # h1 and h2 train in generation 1
+    c.start_again(0)
+    assert c.wait(60) == [0, 0, 0], c.output()
     progress = c.json("progress.json")  # written by h1's agent, the store's host from then on
     assert (progress["status"], progress["restarts"]) == ("completed", 1), progress
-    first, second = progress["attempts"]
-    assert (first["hosts"], second["hosts"]) == (c.hosts, ["h1", "h2"])
+    first, second, back = progress["attempts"]
+    assert (first["hosts"], second["hosts"], back["hosts"]) == (c.hosts, ["h1", "h2"], c.hosts)
     assert second["world_size"] == 2
     assert second["cause"].startswith("run t1 failed: host h0 rank 0: lost the connection to the"
                                       " run's store on h0"), second  # fmt: skip
     assert 0 < second["heal_sec"] < 20, second  # from the loss seen to the first step again
-    assert progress["hosts"]["h0"] == "left out"
+    assert back["cause"].startswith("h0 back: rejoined at the checkpoint of step "), back
+    assert (back["world_size"], back["restart"]) == (3, 1)  # a regrow is no restart
     for host in ("h1", "h2"):
         log = (c.run_dir / "nodes" / f"{host}.log").read_text()
         assert (
             "restart 1 of 1 without h0 from the newest checkpoint, the run's store now on h1" in log
         )
+    log = (c.run_dir / "nodes" / "h0.log").read_text()
+    assert "started again in the run: it asks to come back" in log
+    assert "back in the run at its generation 2" in log
     summary = c.json("summary.json")
-    assert (summary["status"], len(summary["attempts"])) == ("completed", 2)
+    assert (summary["status"], len(summary["attempts"])) == ("completed", 3)
 
 
 def test_node_rank_0_s_host_cut_off_rejoins_and_serves_the_store_once_its_successor_is_lost(
