@@ -136,11 +136,12 @@ class LocalRanks:
         self.tail: list[str] = []
         self.beats: dict[int, dict] = {}  # as the last record() read them
         self._pump: threading.Thread | None = None
+        self.signalled: set[int] = set()  # the rank processes signal_ranks signalled
 
     def start(self, command: list[str], env: dict[str, str]) -> None:
         self.heartbeat_dir.mkdir(parents=True, exist_ok=True)
         env = {**env, "DDPFLEET_HEARTBEAT_DIR": str(self.heartbeat_dir)}
-        self.started = time.time()
+        self.started, self.signalled = time.time(), set()
         self.proc = subprocess.Popen(
             command, stdout=PIPE, stderr=STDOUT, stdin=DEVNULL, env=env, start_new_session=True
         )
@@ -180,9 +181,12 @@ class LocalRanks:
         return [] if self.proc is None else children(self.proc.pid)
 
     def signal_ranks(self, signum: int) -> list[int]:
-        """Signal each rank process (not their groups: loader workers are the rank's business)."""
-        pids = self.rank_pids()
+        """Signal each rank process (not their groups: loader workers are the rank's business)
+        not signalled yet in this start: the first call signals every rank there, a later one
+        those the command started since (torchrun starts them after its rendezvous)."""
+        pids = [pid for pid in self.rank_pids() if pid not in self.signalled]
         _signal(pids, signum)
+        self.signalled.update(pids)
         return pids
 
     def kill_all(self) -> None:

@@ -188,13 +188,17 @@ class Agent:
                 return ("completed", 0) if code == 0 else ("failed", code or 1)
             if (self.signum or stop) and not self.stopping_since:
                 self._begin_stop(stop)
+            elif self.stopping_since and not self.escalated:
+                self._stop_late_ranks()
             if code is not None:
                 stopping = bool(self.stopping_since)
                 outcome, code, self.standing = self.judge.ended(code, self.standing, stopping)
                 return outcome, code
             self.starts.track(now)
             self.ending.progress(now)
-            problem = self._check(now)
+            # a stop ends the ranks, bounded by the stop timeout: nothing to judge (peers' ranks
+            # ending age, and node rank 0 must not end the generation to regrow or rebalance)
+            problem = None if self.stopping_since else self._check(now)
             if problem is not None and problem.get("cut_off"):  # judging.Judge.check
                 self.standing = self.heal.step_down(problem, self.standing)
                 return "failed", 1
@@ -224,6 +228,11 @@ class Agent:
             standing = replace(standing, diagnosis=diagnosis, store_ok=store_ok)
         self.standing = standing
         self.ranks.kill_all()
+
+    def _stop_late_ranks(self) -> None:
+        """SIGTERM the ranks torchrun started after the stop came (in its rendezvous)."""
+        if late := self.ranks.signal_ranks(signal.SIGTERM):
+            self.say(f"SIGTERM to ranks started after the stop {late}")
 
     def _begin_stop(self, stop: dict | None) -> None:
         self.stopping_since = time.time()

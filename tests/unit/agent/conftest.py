@@ -21,11 +21,13 @@ from ddpfleet_agent.summary import TRAINER_PART
 ROOT = Path(__file__).resolve().parents[3]
 
 # A stand-in for torchrun: starts one "rank" child per --rank given (its RANK set, as torchrun
-# does: the forensics find ranks by it), waits, and exits with the first non-zero code (0 when
-# all ranks exit 0), like torchrun without restarts.
+# does: the forensics find ranks by it), FAKE_SPAWN_AFTER_<rank> s after its own start where set
+# (torchrun's rendezvous), waits, and exits with the first non-zero code (0 when all ranks exit
+# 0), like torchrun without restarts.
 LAUNCHER = r"""
 import os, subprocess, sys, time
 ranks = [a for a in sys.argv[1:]]
+time.sleep(max(float(os.environ.get(f"FAKE_SPAWN_AFTER_{r}", 0)) for r in ranks))
 procs = [subprocess.Popen([sys.executable, os.environ["FAKE_RANK"], r],
                          env={**os.environ, "RANK": r}) for r in ranks]
 while True:

@@ -273,15 +273,23 @@ def test_hang_names_the_rank_whose_step_stopped_first(cluster):
     assert index["missing"] == {}
 
 
-def test_sigterm_to_one_agent_stops_every_host(cluster):
-    c = cluster(2)
-    c.start({0: "stoppable", 1: "stoppable"})
+def test_sigterm_to_one_agent_stops_every_host_the_ranks_started_after_it_too(cluster):
+    """h1's agent gets SIGTERM while h0's launcher has not started its rank yet (torchrun in its
+    rendezvous): h0 SIGTERMs the rank once it is there, not SIGKILLs it at the stop timeout, and
+    judges no peer while it stops (h1's ranks, ended, age past the heartbeat timeout)."""
+    c = cluster(2, **{"stop-timeout": 10})
+    c.start({0: "stoppable", 1: "stoppable", "SPAWN_AFTER_0": "5"})
     c.heartbeat_ready(1, step=2)
     c.procs[1].send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
     assert c.wait(30) == [143, 143], c.output()
+    assert time.monotonic() - t0 < within(6), c.output()  # not the stop timeout's 10 s
     assert c.json("nodes/h0.exit")["outcome"] == "stopped"
     assert c.json("progress.json")["status"] == "stopped"
-    assert "stop requested by h1" in (c.run_dir / "nodes" / "h0.log").read_text()
+    log = (c.run_dir / "nodes" / "h0.log").read_text()
+    assert "stop requested by h1: SIGTERM to ranks []" in log
+    assert "SIGTERM to ranks started after the stop" in log
+    assert "SIGKILL" not in log
 
 
 def test_stop_escalates_to_sigkill_after_the_stop_timeout(cluster):
