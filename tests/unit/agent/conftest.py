@@ -234,6 +234,14 @@ class Cluster:
             time.sleep(0.2)
         pytest.fail("agent never started")
 
+    def wait_said(self, node: int, text: str, timeout: float) -> None:
+        """Wait until the agent of ``node`` has said ``text`` in its log (nodes/<host>.log)."""
+        log = self.run_dir / "nodes" / f"{self.hosts[node]}.log"
+        deadline = time.monotonic() + timeout
+        while text not in log.read_text():
+            assert time.monotonic() < deadline, self.output()
+            time.sleep(0.3)
+
     def rank_pid(self, node: int) -> int:
         """The fake rank process under node's agent (waits for it to have a heartbeat)."""
         deadline = time.monotonic() + within(20)
