@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from ddpfleet_agent.gate import Gate, check_command
 from ddpfleet_agent.machine import Standing
-from ddpfleet_agent.membership import StoreGone, StoreLost
+from ddpfleet_agent.membership import CutOff, StoreGone, StoreLost
 from ddpfleet_agent.regrow import ASK_EVERY
 from ddpfleet_agent.stragglers import PAR_AGAIN
 
@@ -66,21 +66,31 @@ class Heal:
 
     def failed_over(self, standing: Standing) -> tuple[bool, Standing]:
         """Go on under the lowest-ranked member left's store (True); False when this host is left
-        out (it looks for the run) or the run cannot go on (the failure says why)."""
+        out (it looks for the run) or the run cannot go on (the failure says why). A member
+        that serves no store within ``Starts.within`` counts as lost too (two hosts lost at
+        once): the next one in node rank order serves it, where this host still reaches one of
+        the hosts after it (else it is the one cut off). The regroup still waits for those
+        passed over, so that a host cut off from them leads no run of its own."""
         cfg, peers, cause = self.cfg, self.peers, standing.failure or {}
         lost = peers.leader
         left = [n for n in peers.members if n != lost]
-        generation, new = peers.generation + 1, left[0]
-        store = f"the run's store now on {cfg.hosts[new]},"
+        generation = peers.generation + 1
+        store = f"the run's store now on {cfg.hosts[left[0]]},"
         self.starts.count(cause, f"without {cfg.hosts[lost]} from the newest checkpoint, {store}")
-        try:
-            if new == cfg.node_rank:
-                peers.take_over(generation)
-            else:  # it may still be ending its ranks (forensics, then the kill)
-                peers.follow(new, self.starts.within, lost)
-        except StoreLost as exc:
-            self.say(f"{cfg.hosts[new]} does not serve the run's store ({exc})")
-            return False, replace(standing, left_out=True)  # it looks for the run as one left out
+        for at, new in enumerate(left):
+            try:
+                if new == cfg.node_rank:
+                    peers.take_over(generation)
+                else:  # it may still be ending its ranks (forensics, then the kill)
+                    peers.follow(new, self.starts.within, lost)
+                break
+            except StoreLost as exc:
+                why = f"{cfg.hosts[new]} does not serve the run's store ({exc})"
+                rest = [n for n in left[at + 1 :] if n != cfg.node_rank]
+                if isinstance(exc, CutOff) or new == cfg.node_rank or not peers.reaches(rest):
+                    self.say(why)  # or this host is the one cut off: it looks for the run
+                    return False, replace(standing, left_out=True)
+                self.say(f"{why}: the run's store now on {cfg.hosts[left[at + 1]]}")
         return self.starts.regroup(generation, replace(standing, store_ok=True), cause, [lost])
 
     def step_down(self, problem: Failure, standing: Standing) -> Standing:

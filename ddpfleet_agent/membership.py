@@ -29,6 +29,10 @@ class StoreLost(RuntimeError):
     """The connection to the run's store failed: its host counts as failed."""
 
 
+class CutOff(StoreLost):
+    """The lost store's host serves it still: this host was the one cut off (failover.py)."""
+
+
 class StoreGone(StoreLost):
     """The store refuses connections: node rank 0's agent has ended, and the run with it."""
 

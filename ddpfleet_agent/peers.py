@@ -17,7 +17,7 @@ import socket
 import time
 from pathlib import Path
 
-from ddpfleet_agent.membership import Membership, StoreGone, StoreLost
+from ddpfleet_agent.membership import CutOff, Membership, StoreGone, StoreLost
 from ddpfleet_agent.store import StoreClient
 from ddpfleet_agent.wire import SHAPES, launch_key, seal
 
@@ -156,6 +156,11 @@ class Peers(Membership):
             return None
         return self._shaped("leader", raw)
 
+    def reaches(self, nodes: list[int]) -> bool:
+        """The address of one of ``nodes`` answers (its store, or a refusal: the host is up, its
+        agent serves none): this host is not cut off from all of them."""
+        return any(self._probe(n) is not None for n in nodes)
+
     def reconnect(self) -> bool:
         """Connect to the run's store again (this host was cut off or left out, or its agent
         started again): the newest generation's of ``stores()``. False while none answers;
@@ -177,8 +182,9 @@ class Peers(Membership):
 
     def follow(self, node: int, within: float, lost: int) -> None:
         """Connect to the store ``node``'s agent took over, waiting up to ``within`` s (it may
-        still be ending its ranks); StoreLost when none comes, or once ``lost``'s agent is found
-        serving still: this host was the one cut off (it looks for the run as one left out)."""
+        still be ending its ranks); StoreLost when none comes, CutOff once ``lost``'s agent is
+        found serving still: this host was the one cut off (it looks for the run as one left
+        out)."""
         self._drop(node)
         deadline = time.monotonic() + within
         while not isinstance(self._probe(node), dict):
@@ -187,7 +193,7 @@ class Peers(Membership):
             said = self._probe(lost)
             if isinstance(said, dict) and said["node"] == lost:
                 why = f"{self.cfg.hosts[lost]} serves the run's store: this host was cut off"
-                raise StoreLost(why)
+                raise CutOff(why)
             time.sleep(PROBE_S / 4)
         self._open(within)
 

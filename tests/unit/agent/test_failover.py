@@ -101,6 +101,35 @@ def test_node_rank_0_s_host_cut_off_rejoins_and_serves_the_store_once_its_succes
     assert "restart 2 of 2 without h1 from the newest checkpoint, the run's store now on h0" in log
 
 
+def test_node_rank_0_and_its_successor_killed_at_once_the_next_host_serves_the_store(cluster):
+    """h0 and h1 killed together (a rack's switch, a shared power feed): h1 never serves the
+    store it would take over, so after the follow's bound h2, the next in node rank order,
+    serves it; h2 and h3 go on without both (min-hosts 2). Before, h2 and h3 ended as left
+    out, healthy, with the run's records still saying it ran."""
+    c = cluster(4, restarts=1, **{**SHRINKS, "world-size": 4, "addresses": ADDRESSES + ",127.0.0.4",
+                                  "dump-timeout": 0})  # fmt: skip
+    completed_summary(c)
+    c.start({0: "run:60", 1: "run:60", 2: "run:60", 3: "run:60", "2_R1": "run:5", "3_R1": "run:5"})
+    c.heartbeat_ready(0, step=3)
+    c.kill_host(0)
+    c.kill_host(1)
+    assert c.wait(90) == [-9, -9, 0, 0], c.output()
+    progress = c.json("progress.json")  # written by h2's agent, the store's host from then on
+    assert (progress["status"], progress["restarts"]) == ("completed", 1), progress
+    first, without = progress["attempts"]
+    assert (first["hosts"], without["hosts"], without["world_size"]) == (c.hosts, ["h2", "h3"], 2)
+    assert without["cause"].startswith("run t1 failed: host h0 rank 0: lost the connection to the"
+                                       " run's store on h0"), without  # fmt: skip
+    # the follow's bound (peer timeout 4 + kill wait 10 s), then the regroup's wait for h1
+    assert 0 < without["heal_sec"] < within(40), without
+    assert progress["hosts"]["h0"] == progress["hosts"]["h1"] == "left out", progress["hosts"]
+    for host in ("h2", "h3"):
+        log = (c.run_dir / "nodes" / f"{host}.log").read_text()
+        moved = "h1 does not serve the run's store (no store at 127.0.0.2 within 14s): the run's"
+        assert f"{moved} store now on h2" in log, log
+    assert c.json("summary.json")["status"] == "completed"
+
+
 def test_regrouped_names_the_first_member_s_host_as_torchrun_s_master():
     cmd = ["torchrun", "--nnodes=3", "--node-rank=2", "--master-addr=10.0.0.1",
            "--master-port=29500", "-m", "trainer", "--master-addr=kept"]  # fmt: skip
@@ -213,3 +242,50 @@ def test_a_host_let_back_in_restarts_at_the_run_s_next_generation(tmp_path, monk
     assert agent.starts.attempts[-1]["hosts"] == ["h0", "h2"]
     assert agent.starts.restarts == 2
     assert said[-1].startswith("restart 2 of 2 without h1 from the newest checkpoint after: ")
+
+
+@pytest.mark.parametrize(
+    ("node", "reached", "expected"),
+    [  # expected: the stores it followed, the hosts it asked, took over (its generation), went on
+        (3, True, ([1, 2], [2], [], True)),  # h1 serves none, h2 answers: the run goes on at h2's
+        (2, True, ([1], [3], [1], True)),  # h1 serves none, h3 answers: h2 serves the store
+        (3, False, ([1], [2], [], False)),  # nothing after h1 answers: h3 is the one cut off
+    ],
+)
+def test_a_successor_that_serves_no_store_is_passed_over_only_while_the_next_ones_answer(
+    tmp_path, monkeypatch, node, reached, expected
+):
+    """Node rank 0's store lost, and h1, next in line, serves none within the follow's bound:
+    h1 counts as lost too where this host still reaches a host after it in node rank order;
+    where none answers, this host is the one cut off and looks for the run as one left out
+    (a host alone behind a cut does not serve a store of its own). The regroup waits for h1
+    still (left out: h0 alone). No process: the store's answers are stand-ins."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    agent = Agent(parse_args([
+        "--run-dir", str(tmp_path), "--run-id", "t1", "--hosts", "h0,h1,h2,h3", "--host",
+        f"h{node}", "--node-rank", str(node), "--store", "127.0.0.1:1", "--attempt", "a1",
+        "--key-file", "k", "--world-size", "4", "--min-hosts", "2", "--restarts", "1",
+        "--addresses", "10.0.0.1,10.0.0.2,10.0.0.3,10.0.0.4", "--", "true"]))  # fmt: skip
+    follows, asked, took, regroups = [], [], [], []
+
+    def follow(new, within, lost):
+        follows.append(new)
+        if new == 1:
+            raise StoreLost(f"no store at 10.0.0.2 within {within:g}s")
+
+    def regroup(generation, standing, cause, left_out):
+        regroups.append((generation, left_out))
+        return True, standing
+
+    agent.peers.follow, agent.peers.take_over = follow, took.append
+    agent.peers.reaches = lambda nodes: asked.extend(nodes) or reached
+    agent.starts.regroup = regroup
+    said = []
+    agent.heal.say = said.append
+    lost = {"host": "h0", "reason": "lost the connection to the run's store on h0"}
+    went_on, standing = agent.heal.failed_over(Standing(failure=lost))
+    assert (follows, asked, took, went_on) == expected
+    assert standing.left_out is not went_on
+    assert regroups == ([(1, [0])] if went_on else [])
+    assert said[0].startswith("h1 does not serve the run's store (no store at 10.0.0.2 within ")
+    assert said[0].endswith(": the run's store now on h2") is went_on
