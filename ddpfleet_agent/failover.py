@@ -67,10 +67,11 @@ class Heal:
     def failed_over(self, standing: Standing) -> tuple[bool, Standing]:
         """Go on under the lowest-ranked member left's store (True); False when this host is left
         out (it looks for the run) or the run cannot go on (the failure says why). A member
-        that serves no store within ``Starts.within`` counts as lost too (two hosts lost at
-        once): the next one in node rank order serves it, where this host still reaches one of
-        the hosts after it (else it is the one cut off). The regroup still waits for those
-        passed over, so that a host cut off from them leads no run of its own."""
+        that serves no store within ``Starts.within`` while its host refuses the store's port
+        (up, its agent gone: two hosts' agents lost at once) is passed over: the next one in
+        node rank order serves the store, and the regroup waits for the one passed over too.
+        One that does not answer at all may be cut off from this host alone (a partition):
+        this host then looks for the run as one left out, as the hosts beyond a cut do."""
         cfg, peers, cause = self.cfg, self.peers, standing.failure or {}
         lost = peers.leader
         left = [n for n in peers.members if n != lost]
@@ -86,11 +87,14 @@ class Heal:
                 break
             except StoreLost as exc:
                 why = f"{cfg.hosts[new]} does not serve the run's store ({exc})"
-                rest = [n for n in left[at + 1 :] if n != cfg.node_rank]
-                if isinstance(exc, CutOff) or new == cfg.node_rank or not peers.reaches(rest):
-                    self.say(why)  # or this host is the one cut off: it looks for the run
-                    return False, replace(standing, left_out=True)
-                self.say(f"{why}: the run's store now on {cfg.hosts[left[at + 1]]}")
+                last = isinstance(exc, CutOff) or new == cfg.node_rank or at + 1 == len(left)
+                if last or not peers.refuses(new):
+                    self.say(why)
+                    return False, replace(standing, left_out=True)  # it looks for the run
+                on = cfg.hosts[left[at + 1]]
+                self.say(
+                    f"{why} and its host refuses the store's port: the run's store now on {on}"
+                )
         return self.starts.regroup(generation, replace(standing, store_ok=True), cause, [lost])
 
     def step_down(self, problem: Failure, standing: Standing) -> Standing:

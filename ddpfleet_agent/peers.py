@@ -156,10 +156,10 @@ class Peers(Membership):
             return None
         return self._shaped("leader", raw)
 
-    def reaches(self, nodes: list[int]) -> bool:
-        """The address of one of ``nodes`` answers (its store, or a refusal: the host is up, its
-        agent serves none): this host is not cut off from all of them."""
-        return any(self._probe(n) is not None for n in nodes)
+    def refuses(self, node: int) -> bool:
+        """``node``'s address refuses the store's port: its host answers, and no agent of the
+        run serves there. A host that does not answer at all may be cut off from this one."""
+        return self._probe(node) == "refused"
 
     def reconnect(self) -> bool:
         """Connect to the run's store again (this host was cut off or left out, or its agent

@@ -102,10 +102,11 @@ def test_node_rank_0_s_host_cut_off_rejoins_and_serves_the_store_once_its_succes
 
 
 def test_node_rank_0_and_its_successor_killed_at_once_the_next_host_serves_the_store(cluster):
-    """h0 and h1 killed together (a rack's switch, a shared power feed): h1 never serves the
-    store it would take over, so after the follow's bound h2, the next in node rank order,
-    serves it; h2 and h3 go on without both (min-hosts 2). Before, h2 and h3 ended as left
-    out, healthy, with the run's records still saying it ran."""
+    """h0's and h1's agents killed together (their containers killed, their agents crashed):
+    h1 never serves the store it would take over and its host refuses the
+    store's port, so after the follow's bound h2, the next in node rank order, serves it; h2
+    and h3 go on without both (min-hosts 2). Before, h2 and h3 ended as left out, healthy,
+    with the run's records still saying it ran."""
     c = cluster(4, restarts=1, **{**SHRINKS, "world-size": 4, "addresses": ADDRESSES + ",127.0.0.4",
                                   "dump-timeout": 0})  # fmt: skip
     completed_summary(c)
@@ -125,8 +126,8 @@ def test_node_rank_0_and_its_successor_killed_at_once_the_next_host_serves_the_s
     assert progress["hosts"]["h0"] == progress["hosts"]["h1"] == "left out", progress["hosts"]
     for host in ("h2", "h3"):
         log = (c.run_dir / "nodes" / f"{host}.log").read_text()
-        moved = "h1 does not serve the run's store (no store at 127.0.0.2 within 14s): the run's"
-        assert f"{moved} store now on h2" in log, log
+        moved = "h1 does not serve the run's store (no store at 127.0.0.2 within 14s) and its host"
+        assert f"{moved} refuses the store's port: the run's store now on h2" in log, log
     assert c.json("summary.json")["status"] == "completed"
 
 
@@ -245,21 +246,22 @@ def test_a_host_let_back_in_restarts_at_the_run_s_next_generation(tmp_path, monk
 
 
 @pytest.mark.parametrize(
-    ("node", "reached", "expected"),
-    [  # expected: the stores it followed, the hosts it asked, took over (its generation), went on
-        (3, True, ([1, 2], [2], [], True)),  # h1 serves none, h2 answers: the run goes on at h2's
-        (2, True, ([1], [3], [1], True)),  # h1 serves none, h3 answers: h2 serves the store
-        (3, False, ([1], [2], [], False)),  # nothing after h1 answers: h3 is the one cut off
+    ("node", "refused", "expected"),
+    [  # expected: the stores it followed, took over (its generation), went on
+        (3, True, ([1, 2], [], True)),  # h1's agent gone: the run goes on under h2's store
+        (2, True, ([1], [1], True)),  # h1's agent gone: h2 serves the store
+        (3, False, ([1], [], False)),  # h1 does not answer: maybe a cut between h0, h1 and h3
     ],
 )
-def test_a_successor_that_serves_no_store_is_passed_over_only_while_the_next_ones_answer(
-    tmp_path, monkeypatch, node, reached, expected
+def test_a_successor_is_passed_over_only_when_its_host_refuses_the_store_s_port(
+    tmp_path, monkeypatch, node, refused, expected
 ):
-    """Node rank 0's store lost, and h1, next in line, serves none within the follow's bound:
-    h1 counts as lost too where this host still reaches a host after it in node rank order;
-    where none answers, this host is the one cut off and looks for the run as one left out
-    (a host alone behind a cut does not serve a store of its own). The regroup waits for h1
-    still (left out: h0 alone). No process: the store's answers are stand-ins."""
+    """Node rank 0's store lost, and h1, next in line, serves none within the follow's bound.
+    Where h1's host refuses the store's port (up, its agent gone), h1 counts as lost too and
+    the next host serves the store; the regroup waits for h1 still (left out: h0 alone).
+    Where it does not answer at all, h0 and h1 may be on the other side of a cut and go on
+    there: this host looks for the run as one left out, and no second run starts on this
+    side. No process: the store's answers are stand-ins."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     agent = Agent(parse_args([
         "--run-dir", str(tmp_path), "--run-id", "t1", "--hosts", "h0,h1,h2,h3", "--host",
@@ -278,14 +280,16 @@ def test_a_successor_that_serves_no_store_is_passed_over_only_while_the_next_one
         return True, standing
 
     agent.peers.follow, agent.peers.take_over = follow, took.append
-    agent.peers.reaches = lambda nodes: asked.extend(nodes) or reached
+    agent.peers.refuses = lambda n: asked.append(n) or refused
     agent.starts.regroup = regroup
     said = []
     agent.heal.say = said.append
     lost = {"host": "h0", "reason": "lost the connection to the run's store on h0"}
     went_on, standing = agent.heal.failed_over(Standing(failure=lost))
-    assert (follows, asked, took, went_on) == expected
+    assert (follows, took, went_on) == expected
+    assert asked == [1]
     assert standing.left_out is not went_on
     assert regroups == ([(1, [0])] if went_on else [])
     assert said[0].startswith("h1 does not serve the run's store (no store at 10.0.0.2 within ")
-    assert said[0].endswith(": the run's store now on h2") is went_on
+    moved = " and its host refuses the store's port: the run's store now on h2"
+    assert said[0].endswith(moved) is went_on
