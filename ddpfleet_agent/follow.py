@@ -18,7 +18,12 @@ from ddpfleet_agent.report import restarts, shown
 
 MARK = "@@ddpfleet-file@@"
 TEXT = ("report.txt",)  # records that are not JSON: parse keeps them as {"text": ...}
-RECORDS = ("links", "checkpoints", "present")  # reader.py's lists of names, each {name: [...]}
+RECORDS = (
+    "links",
+    "logged",
+    "checkpoints",
+    "present",
+)  # reader.py's lists of names, each {name: [...]}
 READER = (Path(__file__).resolve().parent / "reader.py").read_text()
 # A read that answers takes well under a second; one that takes this long (beyond the wait it was
 # asked for) has met a shared storage that is gone (a hard NFS mount blocks): timeout(1) ends it
@@ -90,6 +95,7 @@ def snapshot(files: dict, run_id: str, hosts: list[str], attempt: str) -> dict:
         "progress": progress,
         "line": progress_line(run_id, progress, hosts) if progress else "",
         "links": found["links"],
+        "logged": found["logged"],  # each agent's log and its size: lines while none leads
         "checkpoints": found["checkpoints"],
         "report": files.get("report.txt", {}).get("text"),
         "plot": "report.png" in found["present"],

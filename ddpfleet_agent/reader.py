@@ -5,12 +5,14 @@ uses the standard library only. As the storage owner's uid and gid, with no supp
 groups (what the ranks may read), it prints EMITTED and nodes/*.exit, each behind a marker line:
 regular files only, 1 MiB at most, no link followed (a container may plant nodes/x.exit ->
 /etc/shadow). Then, each only when there is one, the records ``links`` (links among WATCHED and
-below WALKED: train.yml refuses to act through them), ``checkpoints`` (train.yml refuses
-``train_resume=never`` on them) and ``present`` (report.png, not read). Arguments: run_dir uid
-gid marker [wait]: first re-read progress.json every TICK s until it says the run ended or wait
-s passed, so the follow learns of the end within a tick, one command per wait s.
+below WALKED: train.yml refuses to act through them), ``logged`` (the size of each
+nodes/*.log: the follow counts an agent's line as reporting), ``checkpoints`` (train.yml
+refuses ``train_resume=never`` on them) and ``present`` (report.png, not read). Arguments:
+run_dir uid gid marker [wait]: first re-read progress.json every TICK s until it says the run
+ended or wait s passed, so the follow learns of the end within a tick, one command per wait s.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -108,9 +110,14 @@ def main(run_dir, uid, gid, mark, wait=0.0):
     for name in EMITTED:
         emit(out, mark, name, top, name)
     nodes = opendir("nodes", top)
+    logged = []  # each agent's log, "<name> <size>": it grows while an agent heals the run
     for name in sorted(os.listdir(nodes)) if nodes is not None else []:
         if name.endswith(".exit"):
             emit(out, mark, "nodes/" + name, nodes, name)
+        elif name.endswith(".log"):
+            with contextlib.suppress(OSError):
+                st = os.stat(name, dir_fd=nodes, follow_symlinks=False)
+                logged += [f"{name} {st.st_size}"] if stat.S_ISREG(st.st_mode) else []
     entries = {e.name: e for e in os.scandir(top)}  # no link followed
     links = []  # among WATCHED, and below WALKED
     for name in WATCHED:
@@ -120,6 +127,7 @@ def main(run_dir, uid, gid, mark, wait=0.0):
         elif entry is not None and entry.is_dir(follow_symlinks=False) and name in WALKED:
             links += links_below(top, name, DEPTH)
     record(out, mark, "links", links)
+    record(out, mark, "logged", logged)
     kept = opendir("checkpoints", top)
     names = os.listdir(kept) if kept is not None else []
     record(out, mark, "checkpoints", sorted(n for n in names if CHECKPOINT.fullmatch(n)))

@@ -106,11 +106,14 @@ def test_read_command_prints_every_record_and_parse_reads_them_back(open_dir: Pa
     (run_dir / "config.json").write_text('{"attempt": "a2"}')
     (run_dir / "summary.json").write_text('{"status": "comp')  # torn while written
     (run_dir / "nodes" / "node1.exit").write_text(json.dumps(exit_rec("node1")))
-    (run_dir / "nodes" / "node1.log").write_text("not read")
+    (run_dir / "nodes" / "node1.log").write_text("not read")  # only its size
+    (run_dir / "nodes" / "node2.log").symlink_to("/etc/hostname")  # no size through a link
     assert read(run_dir) == {
         "config.json": {"attempt": "a2"},
         "summary.json": {},
         "nodes/node1.exit": exit_rec("node1"),
+        "logged": {"logged": ["node1.log 8"]},
+        "links": {"links": ["nodes/node2.log"]},
     }
 
 
@@ -614,9 +617,25 @@ def test_follow_reports_agents_that_stopped_reporting():
     result, _, _ = run_action(reads, attempt="a2", stale_after=90)
     assert result["outcome"] == "lost"
     assert result["msg"] == (
-        "run r: agents stopped reporting (progress.json unchanged for 95 s, no exit record from "
-        "node2, node3); see status.yml -e run_id=r"
+        "run r: agents stopped reporting (progress.json and their logs unchanged for 95 s, no "
+        "exit record from node2, node3); see status.yml -e run_id=r"
     )
+
+
+def test_an_agent_s_log_line_counts_as_reporting_while_progress_json_stands_still():
+    """Two hosts lost at once: the others wait for the next host's store, then for it at the
+    restart, with nobody writing progress.json (failover.py); their log lines keep the follow
+    on. Once the logs stand still too for stale_after, the agents stopped reporting."""
+    growing = [{**files(prog=progress(step=3)), "logged": {"logged": [f"node3.log {n}"]}}
+               for n in range(100, 112)]  # fmt: skip  # 12 reads 5 s apart: 55 s > 30
+    done = {**files(prog=ended("completed"), summary={"status": "completed"})}
+    result, _, _ = run_action([*growing, done], attempt="a2", stale_after=30)
+    assert result["outcome"] == "completed"
+    result, _, commands = run_action(growing, attempt="a2", stale_after=30)
+    assert result["outcome"] == "lost"
+    assert len(commands) == 12 + 6  # then 30 s of reads with the last size, and the end at 35
+    assert result["msg"].startswith("run r: agents stopped reporting (progress.json and their "
+                                    "logs unchanged for 35 s")  # fmt: skip
 
 
 def test_follow_fails_when_the_run_dir_cannot_be_read_for_too_long():

@@ -16,7 +16,8 @@ that fails, or that has not answered ANSWER s after its wait (a host gone dark h
 connection until the keepalives give up, 45 s), ends this follow with ``unread`` and why (not
 failed): follow.yml goes on through the next trainer, as when node rank 0's host is lost, and
 passes ``shown`` on so that no restart is said twice. The last trainer's reads retry until the
-agents have been silent for stale_after.
+agents have been silent for stale_after: progress.json, the exit records and the agents'
+logs (nodes/*.log) unchanged.
 """
 
 from __future__ import annotations
@@ -130,8 +131,10 @@ class ActionModule(ActionBase):
                 for line in shown.new_lines(snap):
                     display.display(line)
                     lines.append(line)
-                if (snap["progress"], sorted(snap["exits"])) != seen:
-                    seen, last_change = (snap["progress"], sorted(snap["exits"])), now
+                # an agent's log line counts: two hosts lost at once, the others wait for
+                # each in turn before one leads and writes progress.json again (failover.py)
+                if (now_seen := (snap["progress"], sorted(snap["exits"]), snap["logged"])) != seen:
+                    seen, last_change = now_seen, now
                 if snap["outcome"]:
                     return self._done(result, snap, snap["outcome"], lines)
             # one read per interval: one that waited spent part of it; a failed one sleeps all of
@@ -143,7 +146,8 @@ class ActionModule(ActionBase):
             return {**result, "failed": True, "msg": f"cannot read {a['run_dir']}: {error}"}
         missing = ", ".join(h for h in hosts if h not in snap["exits"])
         result["msg"] = (
-            f"run {run_id}: agents stopped reporting (progress.json unchanged for {silent} s, "
+            f"run {run_id}: agents stopped reporting (progress.json and their logs unchanged "
+            f"for {silent} s, "
             f"no exit record from {missing}); see status.yml -e run_id={run_id}"
         )
         return self._done(result, snap, "lost", lines)
