@@ -69,15 +69,16 @@ class Heal:
         out (it looks for the run) or the run cannot go on (the failure says why). A member
         that serves no store within ``Starts.within`` while its host refuses the store's port
         (up, its agent gone: two hosts' agents lost at once) is passed over: the next one in
-        node rank order serves the store, and the regroup waits for the one passed over too.
-        One that does not answer at all may be cut off from this host alone (a partition):
-        this host then looks for the run as one left out, as the hosts beyond a cut do."""
+        node rank order serves the store, and the hosts regroup without both. One that does
+        not answer at all may be cut off from this host alone (a partition): this host then
+        looks for the run as one left out, as the hosts beyond a cut do."""
         cfg, peers, cause = self.cfg, self.peers, standing.failure or {}
         lost = peers.leader
         left = [n for n in peers.members if n != lost]
         generation = peers.generation + 1
         store = f"the run's store now on {cfg.hosts[left[0]]},"
         self.starts.count(cause, f"without {cfg.hosts[lost]} from the newest checkpoint, {store}")
+        passed: list[int] = []  # successors whose agent is gone, as the store's host's
         for at, new in enumerate(left):
             try:
                 if new == cfg.node_rank:
@@ -91,11 +92,13 @@ class Heal:
                 if last or not peers.refuses(new):
                     self.say(why)
                     return False, replace(standing, left_out=True)  # it looks for the run
+                passed.append(new)
                 on = cfg.hosts[left[at + 1]]
                 self.say(
                     f"{why} and its host refuses the store's port: the run's store now on {on}"
                 )
-        return self.starts.regroup(generation, replace(standing, store_ok=True), cause, [lost])
+        regroup = self.starts.regroup
+        return regroup(generation, replace(standing, store_ok=True), cause, [lost, *passed])
 
     def step_down(self, problem: Failure, standing: Standing) -> Standing:
         """This host serves the store and every other fell silent at once: it is the one cut

@@ -18,12 +18,8 @@ from ddpfleet_agent.report import restarts, shown
 
 MARK = "@@ddpfleet-file@@"
 TEXT = ("report.txt",)  # records that are not JSON: parse keeps them as {"text": ...}
-RECORDS = (
-    "links",
-    "logged",
-    "checkpoints",
-    "present",
-)  # reader.py's lists of names, each {name: [...]}
+# reader.py's lists of names, each {name: [...]}
+RECORDS = ("links", "logged", "checkpoints", "present")
 READER = (Path(__file__).resolve().parent / "reader.py").read_text()
 # A read that answers takes well under a second; one that takes this long (beyond the wait it was
 # asked for) has met a shared storage that is gone (a hard NFS mount blocks): timeout(1) ends it
