@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from ddpfleet_agent import failures
 from ddpfleet_agent.gate import Gate, check_command
 from ddpfleet_agent.machine import Standing
 from ddpfleet_agent.membership import CutOff, StoreGone, StoreLost
@@ -69,9 +70,11 @@ class Heal:
         out (it looks for the run) or the run cannot go on (the failure says why). A member
         that serves no store within ``Starts.within`` while its host refuses the store's port
         (up, its agent gone: two hosts' agents lost at once) is passed over: the next one in
-        node rank order serves the store, and the hosts regroup without both. One that does
-        not answer at all may be cut off from this host alone (a partition): this host then
-        looks for the run as one left out, as the hosts beyond a cut do."""
+        node rank order serves the store, and the hosts regroup without both; unless the run
+        ended (progress.json: stopped, say, while this host was cut off; it finds the run over)
+        or too few hosts would be left (the run fails, saying so). One that does not answer at
+        all may be cut off from this host alone (a partition): this host then looks for the run
+        as one left out, as the hosts beyond a cut do."""
         cfg, peers, cause = self.cfg, self.peers, standing.failure or {}
         lost = peers.leader
         left = [n for n in peers.members if n != lost]
@@ -92,6 +95,13 @@ class Heal:
                 if last or not peers.refuses(new):
                     self.say(why)
                     return False, replace(standing, left_out=True)  # it looks for the run
+                if self._run_ended():  # stopped, say, while this host was cut off
+                    self.say(f"{why}: the run has ended without this host")
+                    return False, replace(standing, left_out=True)  # it finds the run over
+                if short := failures.too_few(len(left) - len(passed) - 1, cfg.min_hosts):
+                    self.say(f"{why} and its host refuses the store's port: {short}")
+                    reason = f"{cause.get('reason')}; not restarted: {short}"
+                    return False, replace(standing, failure={**cause, "reason": reason})
                 passed.append(new)
                 on = cfg.hosts[left[at + 1]]
                 self.say(
@@ -99,6 +109,12 @@ class Heal:
                 )
         regroup = self.starts.regroup
         return regroup(generation, replace(standing, store_ok=True), cause, [lost, *passed])
+
+    def _run_ended(self) -> bool:
+        """progress.json says the run ended. Read afresh: a host that refuses the store's port
+        answered, so this host is on the network again and its shared storage may answer."""
+        self.records.storage_back()
+        return self.records.progress().get("state") == "ended"
 
     def step_down(self, problem: Failure, standing: Standing) -> Standing:
         """This host serves the store and every other fell silent at once: it is the one cut

@@ -246,28 +246,39 @@ def test_a_host_let_back_in_restarts_at_the_run_s_next_generation(tmp_path, monk
 
 
 @pytest.mark.parametrize(
-    ("node", "refused", "expected"),
-    [  # expected: the stores it followed, took over (its generation), went on
-        (3, True, ([1, 2], [], True)),  # h1's agent gone: the run goes on under h2's store
-        (2, True, ([1], [1], True)),  # h1's agent gone: h2 serves the store
-        (3, False, ([1], [], False)),  # h1 does not answer: maybe a cut between h0, h1 and h3
+    ("node", "h1", "expected"),
+    [  # h1: its host refuses ("gone"), does not answer ("silent"), refuses and the run ended
+        # ("ended"), refuses with train_min_hosts 3 ("short"); expected: the stores this host
+        # followed, took over (its generation), went on
+        (3, "gone", ([1, 2], [], True)),  # h1's agent gone: the run goes on under h2's store
+        (2, "gone", ([1], [1], True)),  # h1's agent gone: h2 serves the store
+        (3, "silent", ([1], [], False)),  # maybe a cut between h0, h1 and h3
+        (3, "ended", ([1], [], False)),  # stopped while h3 was cut off: it ends, serves nothing
+        (3, "short", ([1], [], False)),  # h2 and h3 left, min 3: the run fails
     ],
 )
 def test_a_successor_is_passed_over_only_when_its_host_refuses_the_store_s_port(
-    tmp_path, monkeypatch, node, refused, expected
+    tmp_path, monkeypatch, node, h1, expected
 ):
     """Node rank 0's store lost, and h1, next in line, serves none within the follow's bound.
     Where h1's host refuses the store's port (up, its agent gone), h1 counts as lost too and
-    the next host serves the store; the hosts regroup without both.
-    Where it does not answer at all, h0 and h1 may be on the other side of a cut and go on
+    the next host serves the store; the hosts regroup without both. Not when progress.json says
+    the run ended (a stop while this host was cut off: no agent serves any store, and this one
+    must not start the run again alone), nor when too few hosts would be left: the run fails.
+    Where h1 does not answer at all, h0 and h1 may be on the other side of a cut and go on
     there: this host looks for the run as one left out, and no second run starts on this
     side. No process: the store's answers are stand-ins."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     agent = Agent(parse_args([
         "--run-dir", str(tmp_path), "--run-id", "t1", "--hosts", "h0,h1,h2,h3", "--host",
         f"h{node}", "--node-rank", str(node), "--store", "127.0.0.1:1", "--attempt", "a1",
-        "--key-file", "k", "--world-size", "4", "--min-hosts", "2", "--restarts", "1",
-        "--addresses", "10.0.0.1,10.0.0.2,10.0.0.3,10.0.0.4", "--", "true"]))  # fmt: skip
+        "--key-file", "k", "--world-size", "4", "--min-hosts", "3" if h1 == "short" else "2",
+        "--restarts", "1", "--addresses", "10.0.0.1,10.0.0.2,10.0.0.3,10.0.0.4", "--", "true",
+    ]))  # fmt: skip
+    refused, ended, fails = h1 != "silent", h1 == "ended", h1 == "short"
+    state = "ended" if ended else "running"
+    (tmp_path / "progress.json").write_text(json.dumps({"attempt": "a1", "state": state}))
+    agent.records.storage_silent = True  # a read while it was cut off timed out
     follows, asked, took, regroups = [], [], [], []
 
     def follow(new, within, lost):
@@ -288,8 +299,13 @@ def test_a_successor_is_passed_over_only_when_its_host_refuses_the_store_s_port(
     went_on, standing = agent.heal.failed_over(Standing(failure=lost))
     assert (follows, took, went_on) == expected
     assert asked == [1]
-    assert standing.left_out is not went_on
+    assert standing.left_out is not (went_on or fails)
     assert regroups == ([(1, [0, 1])] if went_on else [])  # without h0 and h1: no wait for h1
     assert said[0].startswith("h1 does not serve the run's store (no store at 10.0.0.2 within ")
-    moved = " and its host refuses the store's port: the run's store now on h2"
-    assert said[0].endswith(moved) is went_on
+    refusal = " and its host refuses the store's port: "
+    assert said[0].endswith(refusal + "the run's store now on h2") is went_on
+    assert said[0].endswith(": the run has ended without this host") is ended
+    short = "2 host(s) left, train_min_hosts is 3"
+    assert said[0].endswith(refusal + short) is fails
+    reason = f"{lost['reason']}; not restarted: {short}" if fails else lost["reason"]
+    assert standing.failure["reason"] == reason
