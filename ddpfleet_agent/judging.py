@@ -70,18 +70,17 @@ class Judge:
         mine = self.failure(self.cfg.node_rank, reason, rank=rank, code=rcode, restartable=True)
         # A dead rank or host makes the others fail too: publish this exit, watch the peers'
         # for a moment, and name a host that went silent, else the first cause of all exits.
-        deadline = time.time() + self.cfg.settle
-        while time.time() < deadline:
-            try:
-                failure, _ = self.peers.exchange({**self.ranks.record("exited"), "cause": mine})
-            except StoreLost:
-                standing = replace(standing, store_ok=False)
-                break
+        # A host silent at the end of the watch gets one more to speak: a busy host's agent
+        # lags a second or two, and one may not have been heard yet when a rank fails at once.
+        silent: list[int] = []
+        for _ in range(2):
+            failure, standing = self._watch(mine, standing)
             if failure is not None:
                 return "failed", code, replace(standing, failure=failure)
-            time.sleep(self.cfg.tick / 2)
-        store_ok = standing.store_ok
-        silent = self.peers.silent(time.time(), self.cfg.settle * 0.75) if store_ok else []
+            store_ok = standing.store_ok
+            silent = self.peers.silent(time.time(), self.cfg.settle * 0.75) if store_ok else []
+            if not silent:
+                break
         if silent:
             why = "host stopped responding (its agent's keepalive ended: container or host gone)"
             mine = self.failure(silent[0], why, gone=True)
@@ -89,6 +88,20 @@ class Judge:
             cause = failures.first_cause([mine, *self.peers.exit_causes()])
             mine = {**cause, "claimed_by": self.cfg.host}
         return "failed", code, claim(self.peers, standing, mine)
+
+    def _watch(self, mine: Failure, standing: Standing) -> tuple[Failure | None, Standing]:
+        """Publish this host's exit (its cause ``mine``) and read the peers' for ``settle`` s:
+        the failure claimed in that time, if any (the store lost: none, ``store_ok`` False)."""
+        deadline = time.time() + self.cfg.settle
+        while time.time() < deadline:
+            try:
+                failure, _ = self.peers.exchange({**self.ranks.record("exited"), "cause": mine})
+            except StoreLost:
+                return None, replace(standing, store_ok=False)
+            if failure is not None:
+                return failure, standing
+            time.sleep(self.cfg.tick / 2)
+        return None, standing
 
     def check(self, now: float, started: float) -> Failure | None:
         """A failure this agent sees while its command runs (``started`` then), or None. The
