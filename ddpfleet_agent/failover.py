@@ -98,15 +98,13 @@ class Heal:
                 if self._run_ended():  # stopped, say, while this host was cut off
                     self.say(f"{why}: the run has ended without this host")
                     return False, replace(standing, left_out=True)  # it finds the run over
+                refused = f"{why} and its host refuses the store's port"
                 if short := failures.too_few(len(left) - len(passed) - 1, cfg.min_hosts):
-                    self.say(f"{why} and its host refuses the store's port: {short}")
+                    self.say(f"{refused}: {short}")
                     reason = f"{cause.get('reason')}; not restarted: {short}"
                     return False, replace(standing, failure={**cause, "reason": reason})
                 passed.append(new)
-                on = cfg.hosts[left[at + 1]]
-                self.say(
-                    f"{why} and its host refuses the store's port: the run's store now on {on}"
-                )
+                self.say(f"{refused}: the run's store now on {cfg.hosts[left[at + 1]]}")
         regroup = self.starts.regroup
         return regroup(generation, replace(standing, store_ok=True), cause, [lost, *passed])
 
