@@ -117,7 +117,8 @@ def main(run_dir, uid, gid, mark, wait=0.0):
         elif name.endswith(".log"):
             with contextlib.suppress(OSError):
                 st = os.stat(name, dir_fd=nodes, follow_symlinks=False)
-                logged += [f"{name} {st.st_size}"] if stat.S_ISREG(st.st_mode) else []
+                if stat.S_ISREG(st.st_mode):
+                    logged.append(f"{name} {st.st_size}")
     entries = {e.name: e for e in os.scandir(top)}  # no link followed
     links = []  # among WATCHED, and below WALKED
     for name in WATCHED:

@@ -147,8 +147,7 @@ class ActionModule(ActionBase):
         missing = ", ".join(h for h in hosts if h not in snap["exits"])
         result["msg"] = (
             f"run {run_id}: agents stopped reporting (progress.json and their logs unchanged "
-            f"for {silent} s, "
-            f"no exit record from {missing}); see status.yml -e run_id={run_id}"
+            f"for {silent} s, no exit record from {missing}); see status.yml -e run_id={run_id}"
         )
         return self._done(result, snap, "lost", lines)
 
