@@ -72,7 +72,8 @@ class Heal:
         (up, its agent gone: two hosts' agents lost at once) is passed over: the next one in
         node rank order serves the store, and the hosts regroup without both; unless the run
         ended (progress.json: stopped, say, while this host was cut off; it finds the run over)
-        or too few hosts would be left (the run fails, saying so). One that does not answer at
+        or its shared storage still does not answer (it looks for the run), or too few hosts
+        would be left (the run fails, saying so). One that does not answer at
         all may be cut off from this host alone (a partition): this host then looks for the run
         as one left out, as the hosts beyond a cut do."""
         cfg, peers, cause = self.cfg, self.peers, standing.failure or {}
@@ -95,8 +96,8 @@ class Heal:
                 if last or not peers.refuses(new):
                     self.say(why)
                     return False, replace(standing, left_out=True)  # it looks for the run
-                if self._run_ended():  # stopped, say, while this host was cut off
-                    self.say(f"{why}: the run has ended without this host")
+                if ended := self._not_live():  # stopped, say, while this host was cut off
+                    self.say(f"{why}: {ended}")
                     return False, replace(standing, left_out=True)  # it finds the run over
                 refused = f"{why} and its host refuses the store's port"
                 if short := failures.too_few(len(left) - len(passed) - 1, cfg.min_hosts):
@@ -108,11 +109,17 @@ class Heal:
         regroup = self.starts.regroup
         return regroup(generation, replace(standing, store_ok=True), cause, [lost, *passed])
 
-    def _run_ended(self) -> bool:
-        """progress.json says the run ended. Read afresh: a host that refuses the store's port
-        answered, so this host is on the network again and its shared storage may answer."""
+    def _not_live(self) -> str:
+        """Why this host must not go on past a successor whose agent is gone: progress.json says
+        the run ended, or cannot be read ('' when it says the run goes on). Read afresh: a host
+        that refuses the store's port answered, so this host is on the network again and its
+        shared storage may answer; if it still does not, the run's state is unknown and its
+        checkpoints are out of reach, so this host starts nothing alone either."""
         self.records.storage_back()
-        return self.records.progress().get("state") == "ended"
+        state = self.records.progress().get("state")
+        if self.records.storage_silent:
+            return "its shared storage does not answer: it cannot tell whether the run goes on"
+        return "the run has ended without this host" if state == "ended" else ""
 
     def step_down(self, problem: Failure, standing: Standing) -> Standing:
         """This host serves the store and every other fell silent at once: it is the one cut

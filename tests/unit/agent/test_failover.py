@@ -5,10 +5,12 @@ each host on an address of its own (127.0.0.1-3, one port), lose node rank 0's a
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 
 import pytest
+from test_records import release_fifo
 from time_bounds import within
 
 from ddpfleet_agent.cli import BadAgentInput, parse_args
@@ -254,6 +256,7 @@ def test_a_host_let_back_in_restarts_at_the_run_s_next_generation(tmp_path, monk
         (2, "gone", ([1], [1], True)),  # h1's agent gone: h2 serves the store
         (3, "silent", ([1], [], False)),  # maybe a cut between h0, h1 and h3
         (3, "ended", ([1], [], False)),  # stopped while h3 was cut off: it ends, serves nothing
+        (3, "unread", ([1], [], False)),  # progress.json does not answer: no store, no start
         (3, "short", ([1], [], False)),  # h2 and h3 left, min 3: the run fails
     ],
 )
@@ -277,7 +280,12 @@ def test_a_successor_is_passed_over_only_when_its_host_refuses_the_store_s_port(
     ]))  # fmt: skip
     refused, ended, fails = h1 != "silent", h1 == "ended", h1 == "short"
     state = "ended" if ended else "running"
-    (tmp_path / "progress.json").write_text(json.dumps({"attempt": "a1", "state": state}))
+    progress = tmp_path / "progress.json"
+    if h1 == "unread":  # opening it for reading blocks, as on storage that does not answer
+        os.mkfifo(progress)
+        agent.records.read_timeout = 0.3
+    else:
+        progress.write_text(json.dumps({"attempt": "a1", "state": state}))
     agent.records.storage_silent = True  # a read while it was cut off timed out
     follows, asked, took, regroups = [], [], [], []
 
@@ -296,7 +304,11 @@ def test_a_successor_is_passed_over_only_when_its_host_refuses_the_store_s_port(
     said = []
     agent.heal.say = said.append
     lost = {"host": "h0", "reason": "lost the connection to the run's store on h0"}
-    went_on, standing = agent.heal.failed_over(Standing(failure=lost))
+    try:
+        went_on, standing = agent.heal.failed_over(Standing(failure=lost))
+    finally:
+        if h1 == "unread":  # let the reader left waiting go
+            release_fifo(progress, os.O_WRONLY)
     assert (follows, took, went_on) == expected
     assert asked == [1]
     assert standing.left_out is not (went_on or fails)
@@ -305,6 +317,8 @@ def test_a_successor_is_passed_over_only_when_its_host_refuses_the_store_s_port(
     refusal = " and its host refuses the store's port: "
     assert said[0].endswith(refusal + "the run's store now on h2") is went_on
     assert said[0].endswith(": the run has ended without this host") is ended
+    unknown = ": its shared storage does not answer: it cannot tell whether the run goes on"
+    assert said[0].endswith(unknown) is (h1 == "unread")
     short = "2 host(s) left, train_min_hosts is 3"
     assert said[0].endswith(refusal + short) is fails
     reason = f"{lost['reason']}; not restarted: {short}" if fails else lost["reason"]
