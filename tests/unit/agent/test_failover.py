@@ -71,10 +71,14 @@ def test_node_rank_0_s_host_cut_off_rejoins_and_serves_the_store_once_its_succes
     cluster,
 ):
     """h0 frozen past the peer timeout, as when cut off: h1 serves the store and h1, h2 go on;
-    h0's agent, running again, finds every other host silent, stops serving its store, finds
-    h1's and is taken back at the next checkpoint. Then h1, the store's host now, is killed:
-    h0, the lowest-ranked member left, serves the store again and h0, h2 complete. h0 writes
-    the run's records with every start, those it was out of too (the welcome's record)."""
+    h0's agent, running again, stops serving its store, finds h1's and is taken back at the
+    next checkpoint. What it sees first after the pause is a race: every other host silent (it
+    steps down at once); its own ranks' heartbeats stale while the others' last keepalives,
+    queued during the pause, still count (it restarts in place, waits for the others and steps
+    down); or its own store call timed out (it follows the run to h1's store). Then h1, the
+    store's host now, is killed: h0, the lowest-ranked member left, serves the store again and
+    h0, h2 complete. h0 writes the run's records with every start, those it was out of too
+    (the welcome's record)."""
     c = cluster(3, restarts=2, **SHRINKS)
     completed_summary(c)
     c.start({0: "run:60", 1: "run:60", 2: "run:60", "1_R1": "run:60", "2_R1": "run:60",
@@ -99,7 +103,8 @@ def test_node_rank_0_s_host_cut_off_rejoins_and_serves_the_store_once_its_succes
     summary = c.json("summary.json")
     assert (summary["status"], len(summary["attempts"])) == ("completed", 4), summary
     log = (c.run_dir / "nodes" / "h0.log").read_text()
-    assert "stops serving the store" in log
+    stepped_aside = ("stops serving the store", "left out of the restarted run")
+    assert any(line in log for line in stepped_aside), log
     assert "restart 2 of 2 without h1 from the newest checkpoint, the run's store now on h0" in log
 
 
