@@ -262,10 +262,12 @@ class Cluster:
                 os.kill(pid, signal.SIGKILL)
         self.procs[node].wait(10)
 
-    def freeze_host(self, node: int, seconds: float) -> None:
+    def freeze_host(self, node: int, seconds: float, ranks: bool = True) -> None:
         """SIGSTOP an agent and everything below it for ``seconds``, then SIGCONT: to the
-        others, a host cut off for that long that comes back."""
-        tree = [self.procs[node].pid, *descendants(self.procs[node].pid)]
+        others, a host cut off for that long that comes back. ``ranks=False``: the agent alone,
+        its ranks beating on, as a cut-off host's do."""
+        pid = self.procs[node].pid
+        tree = [pid, *descendants(pid)] if ranks else [pid]
         for pid in tree:
             os.kill(pid, signal.SIGSTOP)
         time.sleep(seconds)
