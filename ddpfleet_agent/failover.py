@@ -73,9 +73,9 @@ class Heal:
         node rank order serves the store, and the hosts regroup without both; unless the run
         ended (progress.json: stopped, say, while this host was cut off; it finds the run over)
         or its shared storage still does not answer (it looks for the run), or too few hosts
-        would be left (the run fails, saying so). One that does not answer at
-        all may be cut off from this host alone (a partition): this host then looks for the run
-        as one left out, as the hosts beyond a cut do."""
+        would be left (the run fails, saying so). One that does not answer at all may be cut
+        off from this host alone (a partition): this host then looks for the run as one left
+        out, as the hosts beyond a cut do."""
         cfg, peers, cause = self.cfg, self.peers, standing.failure or {}
         lost = peers.leader
         left = [n for n in peers.members if n != lost]
@@ -96,9 +96,11 @@ class Heal:
                 if last or not peers.refuses(new):
                     self.say(why)
                     return False, replace(standing, left_out=True)  # it looks for the run
-                if ended := self._not_live():  # stopped, say, while this host was cut off
-                    self.say(f"{why}: {ended}")
-                    return False, replace(standing, left_out=True)  # it finds the run over
+                # stopped, say, while this host was cut off (it finds the run over), or its
+                # storage still silent (it looks for the run)
+                if not_live := self._not_live():
+                    self.say(f"{why}: {not_live}")
+                    return False, replace(standing, left_out=True)
                 refused = f"{why} and its host refuses the store's port"
                 if short := failures.too_few(len(left) - len(passed) - 1, cfg.min_hosts):
                     self.say(f"{refused}: {short}")

@@ -266,8 +266,8 @@ class Cluster:
         """SIGSTOP an agent and everything below it for ``seconds``, then SIGCONT: to the
         others, a host cut off for that long that comes back. ``ranks=False``: the agent alone,
         its ranks beating on, as a cut-off host's do."""
-        pid = self.procs[node].pid
-        tree = [pid, *descendants(pid)] if ranks else [pid]
+        agent = self.procs[node].pid
+        tree = [agent, *descendants(agent)] if ranks else [agent]
         for pid in tree:
             os.kill(pid, signal.SIGSTOP)
         time.sleep(seconds)
