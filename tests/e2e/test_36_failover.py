@@ -14,13 +14,16 @@
 - Where too few hosts are left (train_min_hosts=3), losing node rank 0's host (its container
   killed) fails the run within the peer timeout + 60 s, naming the host, and no container of
   the run is left.
+- Node rank 0's and node rank 1's run containers killed at once (agents and ranks with them),
+  train_min_hosts=1: node3 waits for node1's store, finds node1 refusing the store's port,
+  serves the store itself, and the run completes on node3 alone with the same global batch.
 - A run train.yml follows loses node rank 0's host for good: node2 drops every packet but its
   loopback's (gone for its peers and for the controller alike). train.yml's reads through
   node2 fail, it reads through node1 from then on, the run completes on node1 and node3, and
   train.yml reports it completed (rc 0) with the restart that left node2 out and the plot;
   status.yml, stop.yml and train.yml again, while node2 cannot be reached, read the run through
   the others (status.yml names node2 unreachable); back on the network, node2's agent ends.
-Cost: three runs, ~4.5 min on a 2-core host.
+Cost: four runs, ~6 min on a 2-core host.
 """
 
 from __future__ import annotations
@@ -219,6 +222,63 @@ def test_losing_node_rank_0_s_host_with_too_few_left_ends_in_bounded_time_naming
         f"run {leader_lost_for_good['rid']} failed: host {victim} rank 0: "
     ), data["cause"]
     assert data["cause"].endswith("not restarted: 2 host(s) left, train_min_hosts is 3"), data
+
+
+@pytest.fixture(scope="module")
+def two_lost_at_once(cluster: Any) -> dict:
+    rid = run_id("twolost")
+    successor, victim, third = cluster.nodes  # node rank 1 (node1), node rank 0 (node2), node3
+    # 30 steps: the kill stalls the all-reduce, so the run cannot end before node3 heals; it
+    # then completes alone from the newest checkpoint
+    launch(cluster, rid, "-e", f"train_master_host={victim.name}",
+           "-e", f"train_peer_timeout={PEER_TIMEOUT}", "-e", "train_min_hosts=1",
+           "-e", "train_restarts=2", "-e", "train_max_steps=30",
+           "-e", "train_checkpoint_every=5", "-e", "train_image_size=128")  # fmt: skip
+    wait_for(cluster, rid, None, step=6)
+    with ThreadPoolExecutor(2) as pool:  # both containers at once, agents and ranks with them
+        asked = [pool.submit(cluster.ssh, node, f"docker kill ddpfleet-{rid}-{node.name}")
+                 for node in (victim, successor)]  # fmt: skip
+        kills = [ask.result() for ask in asked]
+    killed_at = time.time()
+    assert [k.returncode for k in kills] == [0, 0], [k.stderr for k in kills]
+    attempts = wait_attempts(cluster, rid, 2, timeout=2 * PEER_TIMEOUT + 15 + 30 + 60)
+    went_on = time.time() - killed_at
+    figure(f"node rank 0's and node rank 1's containers killed at once -> node3 trained on "
+           f"alone: {went_on:.1f} s")  # fmt: skip
+    took = wait_gone(cluster, rid, 120)
+    return {"rid": rid, "went_on": went_on, "alone": attempts[1], "took": took,
+            "summary": summary(cluster, rid), "victims": (victim.name, successor.name),
+            "log": run_file(cluster, rid, f"nodes/{third.name}.log")}  # fmt: skip
+
+
+def test_two_hosts_lost_at_once_the_third_serves_the_store_and_trains_on_alone(
+    two_lost_at_once: dict,
+) -> None:
+    """node rank 0's and node rank 1's containers killed at once, train_min_hosts=1: node3
+    waits for node1's store (peer timeout + 15 s), finds node1 refusing the store's port,
+    serves the store itself and restarts alone from the newest checkpoint, once."""
+    victim, successor = two_lost_at_once["victims"]
+    # the loss seen, node rank 1's store waited for, then node3's own restart
+    assert two_lost_at_once["went_on"] <= within(PEER_TIMEOUT + (PEER_TIMEOUT + 15) + 30)
+    passed_over = f"node3: {successor} does not serve the run's store (no store at "
+    line = next((x for x in two_lost_at_once["log"].splitlines() if passed_over in x), "")
+    assert line.endswith(" and its host refuses the store's port: the run's store now on node3"), (
+        two_lost_at_once["log"][-3000:]
+    )
+    alone = two_lost_at_once["alone"]
+    assert alone["hosts"] == ["node3"], alone
+    assert alone["cause"].startswith(f"run {two_lost_at_once['rid']} failed: host {victim} "), alone
+
+
+def test_a_run_that_lost_two_hosts_at_once_completes_on_the_third_with_its_global_batch(
+    two_lost_at_once: dict,
+) -> None:
+    data = two_lost_at_once["summary"]
+    assert (data["status"], data["steps"]) == ("completed", 30), data.get("cause")
+    first, last = data["attempts"][0], data["attempts"][-1]
+    assert len(data["attempts"]) == 2, data["attempts"]  # one restart, without both
+    assert (last["hosts"], last["world_size"]) == (["node3"], 1), last
+    assert last["global_batch"] == first["global_batch"] == sum(last["shares"]), last
 
 
 @pytest.fixture(scope="module")
