@@ -115,7 +115,13 @@ class Judge:
         steps_down = self.peers.leads and cfg.can_fail_over and not short
         if gone and gone[0] == cfg.node_rank and steps_down:
             return {**self.failure(gone[0], gone[1]), "cut_off": True}
-        beats = rank_views(self.ranks.heartbeats(), now)
+        # paused past the peer timeout (a frozen VM): the others lost its store and went on,
+        # whatever keepalives of theirs, queued meanwhile, it reads now (awake.py)
+        paused = self.ranks.awake.longest(now - cfg.peer_timeout)
+        if steps_down and paused > cfg.peer_timeout:
+            why = f"this host was paused for {paused:.0f}s, past the peer timeout (cut off)"
+            return {**self.failure(cfg.node_rank, why), "cut_off": True}
+        beats = self.ranks.views(now)
         frozen = failures.rank_problem(beats, beat, cfg.stop_timeout)
         if frozen is not None:
             return self.failure(cfg.node_rank, frozen[1], rank=frozen[0], restartable=True)

@@ -16,6 +16,8 @@ from pathlib import Path
 from subprocess import DEVNULL, PIPE, STDOUT
 from typing import IO
 
+from ddpfleet_agent.awake import Awake
+
 FROZEN_AFTER = 5.0  # a heartbeat thread silent this long means the process is not running
 KILL_WAIT = 10.0  # seconds kill_all waits for the killed command to be reaped
 _ROOT_CAUSE_RE = re.compile(
@@ -105,9 +107,16 @@ COUNTS = ("step", "total_steps", "interval_step")
 NUMBERS = ("epoch", "loss", "images_per_sec", "batch", "micro_batches", "saved", "sec_per_image")
 
 
-def rank_views(beats: dict[int, dict], now: float) -> list[dict]:
-    """What the store carries per rank, ages on this host's clock. Numbers only where numbers go
-    (a user's program writes its own heartbeat): the agents ignore other shapes (wire.SHAPES)."""
+def rank_views(
+    beats: dict[int, dict], now: float, asleep: Callable[[float, float], float] | None = None
+) -> list[dict]:
+    """What the store carries per rank, ages on this host's clock, less the time ``asleep(since,
+    now)`` says this agent was paused (awake.py). Numbers only where numbers go (a user's
+    program writes its own heartbeat): the agents ignore other shapes (wire.SHAPES)."""
+
+    def age(since: float | None) -> float | None:
+        return None if since is None else round(now - since - (asleep or _never)(since, now), 2)
+
     views = []
     for rank, rec in sorted(beats.items()):
         live = number(rec.get("time"))
@@ -116,13 +125,17 @@ def rank_views(beats: dict[int, dict], now: float) -> list[dict]:
             {
                 "rank": rank,
                 "phase": str(rec.get("phase") or "start"),
-                "live_age": None if live is None else round(now - live, 2),
-                "progress_age": None if prog is None else round(now - prog, 2),
+                "live_age": age(live),
+                "progress_age": age(prog),
                 **{key: int(finite(rec.get(key)) or 0) for key in COUNTS},
                 **{key: number(rec.get(key)) for key in NUMBERS},
             }
         )
     return views
+
+
+def _never(since: float, now: float) -> float:
+    return 0.0
 
 
 class LocalRanks:
@@ -137,11 +150,13 @@ class LocalRanks:
         self.beats: dict[int, dict] = {}  # as the last record() read them
         self._pump: threading.Thread | None = None
         self.signalled: set[int] = set()  # the rank processes signal_ranks signalled
+        self.awake = Awake()  # this agent's own pauses, left out of its ranks' ages
 
     def start(self, command: list[str], env: dict[str, str]) -> None:
         self.heartbeat_dir.mkdir(parents=True, exist_ok=True)
         env = {**env, "DDPFLEET_HEARTBEAT_DIR": str(self.heartbeat_dir)}
         self.started, self.signalled = time.time(), set()
+        self.awake.start()
         self.proc = subprocess.Popen(
             command, stdout=PIPE, stderr=STDOUT, stdin=DEVNULL, env=env, start_new_session=True
         )
@@ -171,10 +186,14 @@ class LocalRanks:
     def heartbeats(self) -> dict[int, dict]:
         return read_heartbeats(self.heartbeat_dir)
 
+    def views(self, now: float) -> list[dict]:
+        """The ranks' views now, their ages over the time this agent was awake."""
+        return rank_views(self.heartbeats(), now, self.awake.asleep)
+
     def record(self, state: str) -> dict:
         """This host's record for the store (``beats``: the heartbeats, for the metrics)."""
         self.beats = self.heartbeats()
-        return {"state": state, "ranks": rank_views(self.beats, time.time())}
+        return {"state": state, "ranks": rank_views(self.beats, time.time(), self.awake.asleep)}
 
     def rank_pids(self) -> list[int]:
         """The rank processes: the command's direct children (torchrun's workers)."""

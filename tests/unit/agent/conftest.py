@@ -262,12 +262,11 @@ class Cluster:
                 os.kill(pid, signal.SIGKILL)
         self.procs[node].wait(10)
 
-    def freeze_host(self, node: int, seconds: float, ranks: bool = True) -> None:
-        """SIGSTOP an agent and everything below it for ``seconds``, then SIGCONT: to the
-        others, a host cut off for that long that comes back. ``ranks=False``: the agent alone,
-        its ranks beating on, as a cut-off host's do."""
+    def freeze_host(self, node: int, seconds: float) -> None:
+        """SIGSTOP an agent and everything below it for ``seconds``, then SIGCONT: a paused VM
+        or container; to the others, a host cut off for that long that comes back."""
         agent = self.procs[node].pid
-        tree = [agent, *descendants(agent)] if ranks else [agent]
+        tree = [agent, *descendants(agent)]
         for pid in tree:
             os.kill(pid, signal.SIGSTOP)
         time.sleep(seconds)

@@ -237,6 +237,24 @@ def test_frozen_rank_is_named_not_its_peers(cluster):
     assert "process state T" in (bundle / "rank-1.txt").read_text()
 
 
+def test_a_host_paused_whole_is_not_a_frozen_rank(cluster):
+    """h1's agent and its ranks stopped together for twice the heartbeat timeout (a paused VM
+    or container, a host stalled in swap), then running on, within the peer timeout: its ranks'
+    silence was its agent's own pause (awake.py). Nothing is claimed, nothing restarts, and the
+    run completes. Before, h1 woke to its ranks' heartbeats 7 s old and failed the run with
+    "rank 1 frozen" (with restarts, it restarted every host). A rank frozen alone is named:
+    the test above."""
+    c = cluster(2, **{"heartbeat-timeout": 3, "peer-timeout": 20})
+    c.start({0: "run:14", 1: "run:14"})
+    c.heartbeat_ready(1, step=2)
+    c.freeze_host(1, 7)
+    assert c.wait(40) == [0, 0], c.output()
+    progress = c.json("progress.json")
+    assert (progress["status"], progress["restarts"]) == ("completed", 0), progress
+    log = (c.run_dir / "nodes" / "h1.log").read_text()
+    assert "frozen" not in log, log
+
+
 def test_a_rank_that_finished_may_take_longer_than_the_heartbeat_timeout_to_exit(cluster):
     # the trainer's last heartbeat says "done"; its exit can take seconds more on a busy host
     # (CI saw 4 s after a stop): no "frozen" failure for that, within the stop timeout

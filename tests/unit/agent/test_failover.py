@@ -70,23 +70,21 @@ def test_node_rank_0_s_host_killed_the_next_host_serves_the_store_and_takes_it_b
 def test_node_rank_0_s_host_cut_off_rejoins_and_serves_the_store_once_its_successor_is_lost(
     cluster,
 ):
-    """h0's agent frozen past the peer timeout, its ranks beating on, as when cut off: h1 serves
-    the store and h1, h2 go on; h0's agent, running again, stops serving its store, finds h1's
-    and is taken back at the next checkpoint. What it sees first after the pause is a race:
-    every other host silent (it steps down), or its own store call timed out (it follows the
-    run to h1's store). (With its ranks frozen too, as in a paused VM, a third way: their
-    heartbeats stale while the others' last keepalives, queued during the pause, still count;
-    it restarts in place, waits the restart's bound for the others and steps down: ~20 s
-    more.) Then h1, the store's host now, is killed: h0, the lowest-ranked member left, serves
-    the store again and h0, h2 complete. h0 writes the run's records with every start, those
-    it was out of too (the welcome's record)."""
+    """h0's agent and its ranks frozen past the peer timeout (a paused VM; to the others, a
+    host cut off): h1 serves the store and h1, h2 go on; h0, running again, stops serving its
+    store (it finds every other host silent, or its own pause past the peer timeout: awake.py),
+    or, its own store call timed out first, follows the run to h1's store; either way it is
+    taken back at the next checkpoint. Its ranks' silence over the pause is no frozen rank.
+    Then h1, the store's host now, is killed: h0, the lowest-ranked member left, serves the
+    store again and h0, h2 complete. h0 writes the run's records with every start, those it
+    was out of too (the welcome's record)."""
     c = cluster(3, restarts=2, **SHRINKS)
     completed_summary(c)
     c.start({0: "run:60", 1: "run:60", 2: "run:60", "1_R1": "run:60", "2_R1": "run:60",
              "0_R2": "run:60", "1_R2": "run:60", "2_R2": "run:60",
              "0_R3": "run:5", "2_R3": "run:5"})  # fmt: skip
     c.heartbeat_ready(0, step=3)
-    c.freeze_host(0, 10, ranks=False)
+    c.freeze_host(0, 10)
     c.wait_said(0, "back in the run at its generation 2", within(90))
     time.sleep(2)  # its ranks run in generation 2
     c.kill_host(1)
@@ -106,6 +104,7 @@ def test_node_rank_0_s_host_cut_off_rejoins_and_serves_the_store_once_its_succes
     log = (c.run_dir / "nodes" / "h0.log").read_text()
     stepped_aside = ("stops serving the store", "left out of the restarted run")
     assert any(line in log for line in stepped_aside), log
+    assert "frozen" not in log, log
     assert "restart 2 of 2 without h1 from the newest checkpoint, the run's store now on h0" in log
 
 

@@ -1,0 +1,78 @@
+"""The agent's own pauses: the time it was stopped with everything around it (its whole host or
+container paused, a VM frozen, a host stalled in swap), which no rank's silence may count.
+
+A rank is frozen when its heartbeat is older than the heartbeat timeout. But an agent paused
+together with its ranks wakes up to their heartbeats as old as the pause: counted as silence,
+it would claim ``rank N frozen`` and restart the run in place, though nothing stopped but the
+host as a whole, and its peers may not even have noticed. So a watcher thread sleeps ``TICK``
+s at a time and notes each wake that comes ``PAUSED`` s late or more; a rank's ages (ranks.py
+``rank_views``) leave out the time this agent was paused. A wake the watcher has not noted yet
+(the main thread ran first after the pause) counts too. Slower judging is all a pause of the
+agent alone can cost: a rank frozen meanwhile is still found, that much later.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+TICK = 0.25  # the watcher's sleep
+PAUSED = 2.0  # a wake this late (s) was a pause: well over a busy host's scheduling delays
+KEEP = 64  # pauses kept (the oldest go first)
+# a clock that counts a suspended host's sleep as well (wall-clock steps do not move it)
+CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
+def paused_within(pauses: list[tuple[float, float]], since: float, now: float) -> float:
+    """Seconds of [since, now] covered by the (start, end) ``pauses``, overlaps counted once."""
+    total, reached = 0.0, since
+    for began, ended in sorted(pauses):
+        start, end = max(began, reached), min(ended, now)
+        if end > start:
+            total += end - start
+            reached = end
+    return total
+
+
+class Awake:
+    """This agent's pauses on the wall clock (the ranks' heartbeats' clock), from ``start()``."""
+
+    def __init__(self, tick: float = TICK, paused: float = PAUSED) -> None:
+        self.tick, self.paused = tick, paused
+        self.pauses: deque[tuple[float, float]] = deque(maxlen=KEEP)
+        self.last = (time.clock_gettime(CLOCK), time.time())  # the watcher's last wake
+        self._watcher: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._watcher is None:
+            self.last = (time.clock_gettime(CLOCK), time.time())
+            self._watcher = threading.Thread(target=self._watch, name="awake", daemon=True)
+            self._watcher.start()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(self.tick)
+            late = self._late()
+            if late >= self.paused:
+                now = time.time()
+                self.pauses.append((now - late, now))
+            self.last = (time.clock_gettime(CLOCK), time.time())
+
+    def _late(self) -> float:
+        """How much later than its sleep the watcher is now (its next wake, or this one)."""
+        return time.clock_gettime(CLOCK) - self.last[0] - self.tick
+
+    def longest(self, since: float) -> float:
+        """The longest pause of this agent that ended after ``since``, a wake not noted yet too."""
+        late = self._late() if self._watcher is not None else 0.0
+        lengths = [end - start for start, end in self.pauses if end > since]
+        return max([*lengths, late if late >= self.paused else 0.0])
+
+    def asleep(self, since: float, now: float) -> float:
+        """Seconds of [since, now] (wall clock) this agent was paused."""
+        if self._watcher is None:
+            return 0.0
+        late = self._late()  # a wake not noted yet: the main thread ran first
+        pending = [(now - late, now)] if late >= self.paused else []
+        return paused_within([*self.pauses, *pending], since, now)
