@@ -14,9 +14,12 @@
 - Where too few hosts are left (train_min_hosts=3), losing node rank 0's host (its container
   killed) fails the run within the peer timeout + 60 s, naming the host, and no container of
   the run is left.
-- Node rank 0's and node rank 1's run containers killed at once (agents and ranks with them),
-  train_min_hosts=1: node3 waits for node1's store, finds node1 refusing the store's port,
-  serves the store itself, and the run completes on node3 alone with the same global batch.
+- Node rank 0's run container paused (docker pause: agent and ranks frozen, as in a paused
+  VM) past the peer timeout, train_min_hosts=1: node1 serves the store and node1 and node3 go
+  on; node2, unpaused, steps down at once and is taken back at a checkpoint. Then the store's
+  host (node1) and the next in node rank order (node2) are killed at once: node3 waits for
+  node2's store, finds node2 refusing the store's port, serves the store itself and trains on
+  alone with the same global batch, until stop.yml.
 - A run train.yml follows loses node rank 0's host for good: node2 drops every packet but its
   loopback's (gone for its peers and for the controller alike). train.yml's reads through
   node2 fail, it reads through node1 from then on, the run completes on node1 and node3, and
@@ -224,61 +227,105 @@ def test_losing_node_rank_0_s_host_with_too_few_left_ends_in_bounded_time_naming
     assert data["cause"].endswith("not restarted: 2 host(s) left, train_min_hosts is 3"), data
 
 
+def pause(cluster: Any, node: Any, rid: str, action: str) -> None:
+    """docker pause (or unpause) the node's run container: agent and ranks frozen at once by
+    the cgroup freezer, as in a paused VM; the node's network and SSH go on."""
+    done = cluster.ssh(node, f"docker {action} ddpfleet-{rid}-{node.name}")
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.fixture(scope="module")
-def two_lost_at_once(cluster: Any) -> dict:
-    rid = run_id("twolost")
-    successor, victim, third = cluster.nodes  # node rank 1 (node1), node rank 0 (node2), node3
-    # 30 steps: the kill stalls the all-reduce, so the run cannot end before node3 heals; it
-    # then completes alone from the newest checkpoint
+def paused_then_two_lost(cluster: Any) -> dict:
+    rid = run_id("paused")
+    first, victim = cluster.nodes[:2]  # node1 (node rank 1), node2 (node rank 0)
     launch(cluster, rid, "-e", f"train_master_host={victim.name}",
            "-e", f"train_peer_timeout={PEER_TIMEOUT}", "-e", "train_min_hosts=1",
-           "-e", "train_restarts=2", "-e", "train_max_steps=30",
-           "-e", "train_checkpoint_every=5", "-e", "train_image_size=128")  # fmt: skip
+           "-e", "train_restarts=2", "-e", "train_checkpoint_every=5",
+           "-e", "train_image_size=128")  # fmt: skip
     wait_for(cluster, rid, None, step=6)
-    with ThreadPoolExecutor(2) as pool:  # both containers at once, agents and ranks with them
+    # node rank 0's container paused past the peer timeout: node1 serves the store, node1 and
+    # node3 go on; unpaused, node2 steps down at once and is taken back at a checkpoint
+    pause(cluster, victim, rid, "pause")
+    paused_at = time.time()
+    try:
+        wait_attempts(cluster, rid, 2, timeout=PEER_TIMEOUT + 30 + 60)
+        went_on = time.time() - paused_at
+    finally:
+        pause(cluster, victim, rid, "unpause")
+    woke_at = time.time()
+    figure(f"node rank 0's container paused -> the others trained on: {went_on:.1f} s (paused "
+           f"{woke_at - paused_at:.1f} s)")  # fmt: skip
+    wait_attempts(cluster, rid, 3, timeout=120)
+    figure(f"node rank 0's container running again -> first step with it: "
+           f"{time.time() - woke_at:.1f} s")  # fmt: skip
+    # then node1, the store's host now, and node2, next in node rank order, killed at once
+    with ThreadPoolExecutor(2) as pool:  # both containers, agents and ranks with them
         asked = [pool.submit(cluster.ssh, node, f"docker kill ddpfleet-{rid}-{node.name}")
-                 for node in (victim, successor)]  # fmt: skip
+                 for node in (first, victim)]  # fmt: skip
         kills = [ask.result() for ask in asked]
     killed_at = time.time()
     assert [k.returncode for k in kills] == [0, 0], [k.stderr for k in kills]
-    attempts = wait_attempts(cluster, rid, 2, timeout=2 * PEER_TIMEOUT + 15 + 30 + 60)
-    went_on = time.time() - killed_at
-    figure(f"node rank 0's and node rank 1's containers killed at once -> node3 trained on "
-           f"alone: {went_on:.1f} s")  # fmt: skip
-    took = wait_gone(cluster, rid, 120)
-    return {"rid": rid, "went_on": went_on, "alone": attempts[1], "took": took,
-            "summary": summary(cluster, rid), "victims": (victim.name, successor.name),
-            "log": run_file(cluster, rid, f"nodes/{third.name}.log")}  # fmt: skip
+    attempts = wait_attempts(cluster, rid, 4, timeout=2 * PEER_TIMEOUT + 15 + 30 + 60)
+    alone = time.time() - killed_at
+    figure(f"the store's host and the next host's containers killed at once -> node3 trained "
+           f"on alone: {alone:.1f} s")  # fmt: skip
+    stop = run_site(cluster, "-e", f"run_id={rid}", playbook="stop.yml")
+    assert stop.rc == 0, stop.tail()
+    wait_gone(cluster, rid, 60)
+    logs = {n.name: run_file(cluster, rid, f"nodes/{n.name}.log") for n in cluster.nodes}
+    woke = [x for x in logs[victim.name].splitlines() if "stops serving the store" in x]
+    figure(f"node rank 0's host as it woke: {woke[:1]}")
+    return {"rid": rid, "went_on": went_on, "alone": alone, "attempts": attempts,
+            "summary": summary(cluster, rid), "logs": logs}  # fmt: skip
+
+
+def test_node_rank_0_s_host_paused_steps_down_as_it_wakes_and_is_taken_back(
+    paused_then_two_lost: dict,
+) -> None:
+    """A paused VM, as the others see it a host cut off: node1 serves the store within the peer
+    timeout + 30 s. node2, running again, steps down at once (its ranks' silence over the pause
+    is no frozen rank) and rejoins at a checkpoint."""
+    data, rid = paused_then_two_lost, paused_then_two_lost["rid"]
+    assert data["went_on"] <= within(PEER_TIMEOUT + 30)
+    shrunk, back = data["attempts"][1:3]
+    assert sorted(shrunk["hosts"]) == ["node1", "node3"], shrunk
+    assert shrunk["cause"].startswith(
+        f"run {rid} failed: host node2 rank 0: lost the connection to the run's store on node2"
+    ), shrunk
+    log = data["logs"]["node2"]
+    stepped_down = ("this host was paused for ", "lost contact with every other host")
+    assert any(f"node2: {why}" in log for why in stepped_down), log[-3000:]
+    assert "frozen" not in log, log[-3000:]
+    assert back["cause"].startswith("node2 back: rejoined at the checkpoint of step "), back
+    assert sorted(back["hosts"]) == ["node1", "node2", "node3"], back
 
 
 def test_two_hosts_lost_at_once_the_third_serves_the_store_and_trains_on_alone(
-    two_lost_at_once: dict,
+    paused_then_two_lost: dict,
 ) -> None:
-    """node rank 0's and node rank 1's containers killed at once, train_min_hosts=1: node3
-    waits for node1's store (peer timeout + 15 s), finds node1 refusing the store's port,
-    serves the store itself and restarts alone from the newest checkpoint, once."""
-    victim, successor = two_lost_at_once["victims"]
-    # the loss seen, node rank 1's store waited for, then node3's own restart
-    assert two_lost_at_once["went_on"] <= within(PEER_TIMEOUT + (PEER_TIMEOUT + 15) + 30)
-    passed_over = f"node3: {successor} does not serve the run's store (no store at "
-    line = next((x for x in two_lost_at_once["log"].splitlines() if passed_over in x), "")
+    """The store's host (node1) and the next in node rank order (node2) killed at once,
+    train_min_hosts=1: node3 waits for node2's store (peer timeout + 15 s), finds node2
+    refusing the store's port, serves the store itself and restarts alone."""
+    data = paused_then_two_lost
+    # the loss seen, the next host's store waited for, then node3's own restart
+    assert data["alone"] <= within(PEER_TIMEOUT + (PEER_TIMEOUT + 15) + 30)
+    passed_over = "node3: node2 does not serve the run's store (no store at "
+    line = next((x for x in data["logs"]["node3"].splitlines() if passed_over in x), "")
     assert line.endswith(" and its host refuses the store's port: the run's store now on node3"), (
-        two_lost_at_once["log"][-3000:]
+        data["logs"]["node3"][-3000:]
     )
-    alone = two_lost_at_once["alone"]
-    assert alone["hosts"] == ["node3"], alone
-    assert alone["cause"].startswith(f"run {two_lost_at_once['rid']} failed: host {victim} "), alone
+    alone = data["attempts"][3]
+    assert (alone["hosts"], alone["world_size"]) == (["node3"], 1), alone
+    assert alone["cause"].startswith(f"run {data['rid']} failed: host node1 "), alone
 
 
-def test_a_run_that_lost_two_hosts_at_once_completes_on_the_third_with_its_global_batch(
-    two_lost_at_once: dict,
+def test_the_global_batch_stays_the_same_through_the_pause_and_the_double_loss(
+    paused_then_two_lost: dict,
 ) -> None:
-    data = two_lost_at_once["summary"]
-    assert (data["status"], data["steps"]) == ("completed", 30), data.get("cause")
-    first, last = data["attempts"][0], data["attempts"][-1]
-    assert len(data["attempts"]) == 2, data["attempts"]  # one restart, without both
-    assert (last["hosts"], last["world_size"]) == (["node3"], 1), last
-    assert last["global_batch"] == first["global_batch"] == sum(last["shares"]), last
+    data = paused_then_two_lost["summary"]
+    assert (data["status"], len(data["attempts"]), data["restarts"]) == ("stopped", 4, 2), data
+    batches = {a["global_batch"] for a in data["attempts"]}
+    assert batches == {sum(data["attempts"][-1]["shares"])}, data["attempts"]
 
 
 @pytest.fixture(scope="module")
