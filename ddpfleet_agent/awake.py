@@ -8,7 +8,9 @@ host as a whole, and its peers may not even have noticed. So a watcher thread sl
 s at a time and notes each wake that comes ``PAUSED`` s late or more; a rank's ages (ranks.py
 ``rank_views``) leave out the time this agent was paused. A wake the watcher has not noted yet
 (the main thread ran first after the pause) counts too. Slower judging is all a pause of the
-agent alone can cost: a rank frozen meanwhile is still found, that much later.
+agent alone can cost: a rank frozen meanwhile is still found, that much later. The store's host
+also steps down when its longest recent pause passed the peer timeout (judging.py): the others
+have lost its store and gone on, whatever keepalives of theirs it reads as it wakes.
 """
 
 from __future__ import annotations
@@ -41,38 +43,34 @@ class Awake:
     def __init__(self, tick: float = TICK, paused: float = PAUSED) -> None:
         self.tick, self.paused = tick, paused
         self.pauses: deque[tuple[float, float]] = deque(maxlen=KEEP)
-        self.last = (time.clock_gettime(CLOCK), time.time())  # the watcher's last wake
+        self.last = time.clock_gettime(CLOCK)  # the watcher's last wake
         self._watcher: threading.Thread | None = None
 
     def start(self) -> None:
         if self._watcher is None:
-            self.last = (time.clock_gettime(CLOCK), time.time())
+            self.last = time.clock_gettime(CLOCK)
             self._watcher = threading.Thread(target=self._watch, name="awake", daemon=True)
             self._watcher.start()
 
     def _watch(self) -> None:
         while True:
             time.sleep(self.tick)
-            late = self._late()
+            late = time.clock_gettime(CLOCK) - self.last - self.tick
             if late >= self.paused:
                 now = time.time()
                 self.pauses.append((now - late, now))
-            self.last = (time.clock_gettime(CLOCK), time.time())
+            self.last = time.clock_gettime(CLOCK)
 
-    def _late(self) -> float:
-        """How much later than its sleep the watcher is now (its next wake, or this one)."""
-        return time.clock_gettime(CLOCK) - self.last[0] - self.tick
+    def _noted(self, now: float) -> list[tuple[float, float]]:
+        """The pauses noted, and a wake the watcher has not noted yet (the main thread ran first
+        after the pause): the watcher is that late now."""
+        late = time.clock_gettime(CLOCK) - self.last - self.tick if self._watcher else 0.0
+        return [*self.pauses, *([(now - late, now)] if late >= self.paused else [])]
 
-    def longest(self, since: float) -> float:
-        """The longest pause of this agent that ended after ``since``, a wake not noted yet too."""
-        late = self._late() if self._watcher is not None else 0.0
-        lengths = [end - start for start, end in self.pauses if end > since]
-        return max([*lengths, late if late >= self.paused else 0.0])
+    def longest(self, since: float, now: float) -> float:
+        """The longest pause of this agent that ended after ``since``."""
+        return max((end - start for start, end in self._noted(now) if end > since), default=0.0)
 
     def asleep(self, since: float, now: float) -> float:
         """Seconds of [since, now] (wall clock) this agent was paused."""
-        if self._watcher is None:
-            return 0.0
-        late = self._late()  # a wake not noted yet: the main thread ran first
-        pending = [(now - late, now)] if late >= self.paused else []
-        return paused_within([*self.pauses, *pending], since, now)
+        return paused_within(self._noted(now), since, now)

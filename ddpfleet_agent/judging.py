@@ -117,7 +117,7 @@ class Judge:
             return {**self.failure(gone[0], gone[1]), "cut_off": True}
         # paused past the peer timeout (a frozen VM): the others lost its store and went on,
         # whatever keepalives of theirs, queued meanwhile, it reads now (awake.py)
-        paused = self.ranks.awake.longest(now - cfg.peer_timeout)
+        paused = self.ranks.awake.longest(now - cfg.peer_timeout, now)
         if steps_down and paused > cfg.peer_timeout:
             why = f"this host was paused for {paused:.0f}s, past the peer timeout (cut off)"
             return {**self.failure(cfg.node_rank, why), "cut_off": True}

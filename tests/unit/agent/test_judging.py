@@ -76,7 +76,7 @@ def test_the_store_s_host_paused_past_the_peer_timeout_steps_down(
         str(min_hosts), "--restarts", "2", "--peer-timeout", "4", "--", "true",
     ])  # fmt: skip
     peers = SimpleNamespace(views={}, members=[0, 1, 2], leads=leads, silent=lambda now, t: [])
-    awake = SimpleNamespace(longest=lambda since: paused)
+    awake = SimpleNamespace(longest=lambda since, now: paused)
     ranks = SimpleNamespace(views=lambda now: [], heartbeats=dict, awake=awake)
     failure = Judge(cfg, peers, ranks).check(1000.0, 900.0)
     if not steps_down:
