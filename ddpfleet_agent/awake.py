@@ -43,7 +43,7 @@ class Awake:
     def __init__(self, tick: float = TICK, paused: float = PAUSED) -> None:
         self.tick, self.paused = tick, paused
         self.pauses: deque[tuple[float, float]] = deque(maxlen=KEEP)
-        self.last = time.clock_gettime(CLOCK)  # the watcher's last wake
+        self.last = 0.0  # the watcher's last wake (CLOCK), from start()
         self._watcher: threading.Thread | None = None
 
     def start(self) -> None:
@@ -52,11 +52,14 @@ class Awake:
             self._watcher = threading.Thread(target=self._watch, name="awake", daemon=True)
             self._watcher.start()
 
+    def _late(self) -> float:
+        """How much later than its sleep the watcher's next wake is now."""
+        return time.clock_gettime(CLOCK) - self.last - self.tick
+
     def _watch(self) -> None:
         while True:
             time.sleep(self.tick)
-            late = time.clock_gettime(CLOCK) - self.last - self.tick
-            if late >= self.paused:
+            if (late := self._late()) >= self.paused:
                 now = time.time()
                 self.pauses.append((now - late, now))
             self.last = time.clock_gettime(CLOCK)
@@ -64,7 +67,7 @@ class Awake:
     def _noted(self, now: float) -> list[tuple[float, float]]:
         """The pauses noted, and a wake the watcher has not noted yet (the main thread ran first
         after the pause): the watcher is that late now."""
-        late = time.clock_gettime(CLOCK) - self.last - self.tick if self._watcher else 0.0
+        late = self._late() if self._watcher else 0.0
         return [*self.pauses, *([(now - late, now)] if late >= self.paused else [])]
 
     def longest(self, since: float, now: float) -> float:

@@ -115,7 +115,9 @@ def rank_views(
     program writes its own heartbeat): the agents ignore other shapes (wire.SHAPES)."""
 
     def age(since: float | None) -> float | None:
-        return None if since is None else round(now - since - (asleep or _never)(since, now), 2)
+        if since is None:
+            return None
+        return round(now - since - (asleep(since, now) if asleep else 0.0), 2)
 
     views = []
     for rank, rec in sorted(beats.items()):
@@ -132,10 +134,6 @@ def rank_views(
             }
         )
     return views
-
-
-def _never(since: float, now: float) -> float:
-    return 0.0
 
 
 class LocalRanks:
