@@ -47,10 +47,10 @@ cat "$scratch/lint.log"
 [ "$lint_rc" = 0 ] && [ "$unit_rc" = 0 ] || exit 1
 # The rest by module (`--dist loadscope`): a module's 2-rank run behind a module fixture is then
 # made once, not once on each worker that xdist's default spreads its tests to (in two runs so,
-# 2 of those fixtures were made twice, 10-31 s each time): 418 and 428 s instead of 450 and
-# 461 (EPYC without AVX512, 2026-12-07). (`--dist loadgroup` with marks would group fewer
-# tests, but pytest 9 ignores the group xdist 3.8 appends to a test's id: the tests were
-# spread as before.)
+# 2 of those fixtures were made twice, 10-31 s each time): 418, 428 and 448 s (the last in a
+# fresh-clone rehearsal of .ci/run) instead of 450 and 461 (EPYC without AVX512, 2026-12-07).
+# (`--dist loadgroup` with marks would group fewer tests, but pytest 9 ignores the group xdist
+# 3.8 appends to a test's id: the tests were spread as before.)
 run "tier unit, the rest" "${make_[@]}" unit UNIT_ARGS="-m 'not wallclock' --dist loadscope" \
   || unit_rc=$?
 e2e_rc=0
