@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from registry_certs import sign_short_lived
 from site_fixtures import PlaybookRun, cpu_reference_s, figure, run_site, slowest_tasks
 from time_bounds import within
 
@@ -274,28 +274,6 @@ def _secrets(sandbox: Any) -> Path:
     return sandbox.inventory.parent / ".secrets"
 
 
-def _sign_short_lived(secrets: Path, days: int) -> None:
-    """Replace the controller's registry.crt by one for the same key and names, signed by
-    the cluster CA, that expires in ``days``."""
-    ca_cert = x509.load_pem_x509_certificate((secrets / "ca.crt").read_bytes())
-    ca_key = serialization.load_pem_private_key((secrets / "ca.key").read_bytes(), None)
-    old = x509.load_pem_x509_certificate((secrets / "registry.crt").read_bytes())
-    now = dt.datetime.now(dt.timezone.utc)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(old.subject)
-        .issuer_name(ca_cert.subject)
-        .public_key(old.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(days=1))
-        .not_valid_after(now + dt.timedelta(days=days))
-    )
-    for ext in old.extensions:
-        builder = builder.add_extension(ext.value, ext.critical)
-    cert = builder.sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
-    (secrets / "registry.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-
-
 def test_registry_repairs_drift_and_reissues_a_certificate_without_showing_secrets(
     provisioned: PlaybookRun, sandbox: Any
 ) -> None:
@@ -309,7 +287,7 @@ def test_registry_repairs_drift_and_reissues_a_certificate_without_showing_secre
     )
     assert sandbox.ssh(first, drift).returncode == 0
     secrets = _secrets(sandbox)
-    _sign_short_lived(secrets, days=10)
+    sign_short_lived(secrets, days=10)
     run = run_site(sandbox, "--tags", "registry", "--diff")
     assert run.rc == 0, run.tail()
     out = run.stdout + run.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from registry_certs import sign_short_lived
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "registry"
@@ -123,27 +123,6 @@ def _not_after(path: Path) -> dt.datetime:
     return x509.load_pem_x509_certificate(path.read_bytes()).not_valid_after_utc
 
 
-def _sign_short_lived(secrets: Path, days: int) -> None:
-    """Replace registry.crt by one for the same key and names that expires in ``days``."""
-    ca_cert = x509.load_pem_x509_certificate((secrets / "ca.crt").read_bytes())
-    ca_key = serialization.load_pem_private_key((secrets / "ca.key").read_bytes(), None)
-    old = x509.load_pem_x509_certificate((secrets / "registry.crt").read_bytes())
-    now = dt.datetime.now(dt.timezone.utc)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(old.subject)
-        .issuer_name(ca_cert.subject)
-        .public_key(old.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(days=1))
-        .not_valid_after(now + dt.timedelta(days=days))
-    )
-    for ext in old.extensions:
-        builder = builder.add_extension(ext.value, ext.critical)
-    cert = builder.sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
-    (secrets / "registry.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-
-
 @pytest.fixture(scope="module")
 def first_run(workdir: Path) -> subprocess.CompletedProcess[str]:
     return run(workdir, "--diff")
@@ -209,7 +188,7 @@ def test_a_certificate_with_time_left_is_kept(
 ) -> None:
     assert first_run.returncode == 0
     secrets = workdir / "secrets"
-    _sign_short_lived(secrets, RENEW_DAYS + 30)
+    sign_short_lived(secrets, RENEW_DAYS + 30)
     kept = (secrets / "registry.crt").read_bytes()
     proc = run(workdir)
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -222,7 +201,7 @@ def test_a_certificate_close_to_expiry_is_reissued_and_installed(
 ) -> None:
     assert first_run.returncode == 0
     secrets, etc = workdir / "secrets", workdir / "etc"
-    _sign_short_lived(secrets, RENEW_DAYS - 20)
+    sign_short_lived(secrets, RENEW_DAYS - 20)
     proc = run(workdir)
     assert proc.returncode == 0, proc.stdout[-3000:]
     printed = _task_outputs(proc.stdout)["Show what the secrets lack"]
