@@ -15,14 +15,22 @@ package index pip is configured for. Each ``install`` installs its share
 with ``--no-deps`` at exactly those versions, then byte-compiles what it added on every core
 (``compile_new``); the last one installs what no group names and checks the whole stack with
 ``pip check``. Standard library only: it runs on the base's Python.
+
+On a base without CUDA (its image sets no ``CUDA_VERSION``: the sandbox's CPU base) each layer
+then deletes the files of its packages that only a GPU ever loads (``GPU_ONLY``): torch's CUDA
+13 wheels are the only build that pip can pair with torchvision here, and on CPU their cuDNN
+engines, Triton's GPU compiler and a few CUDA libraries are ~1.9 of the stack's ~5.8 GB, which
+every trainer pulls. What torch links at import stays, so the stack imports as before.
 """
 
 from __future__ import annotations
 
 import compileall
+import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -46,6 +54,33 @@ GROUPS: tuple[frozenset[str], ...] = (
     frozenset({"nvidia-cufft", "nvidia-cusolver"}),
 )
 LAYERS = len(GROUPS) + 1
+
+# Files of the CUDA stack that a CPU-only host never loads, as globs under site-packages
+# (torch 2.14.1, cuDNN 9, Triton 3; measured with /proc/self/maps after importing torch and
+# torchvision, a bf16 DDP step over gloo, decode_jpeg, and a CPU torch.compile, 2026-12-07):
+# - cuDNN's sub-libraries, which libcudnn.so.9 opens on first use (~800 MB). libcudnn_graph
+#   stays: cudnnGetVersion, which versions.py calls, opens it, and without it the process ends.
+# - Triton's compiler library and its NVIDIA backend's bundled CUDA tools and libraries
+#   (~870 MB): torch imports Triton only to compile GPU kernels, and where ``import triton``
+#   fails it uses its C++ code generation on CPU, as without the package.
+# - cuSOLVER's multi-GPU library and NVRTC's alternative build (~200 MB), which torch never
+#   links.
+GPU_ONLY: tuple[str, ...] = (
+    "nvidia/cudnn/lib/libcudnn_adv.so.*",
+    "nvidia/cudnn/lib/libcudnn_cnn.so.*",
+    "nvidia/cudnn/lib/libcudnn_engines_precompiled.so.*",
+    "nvidia/cudnn/lib/libcudnn_engines_runtime_compiled.so.*",
+    "nvidia/cudnn/lib/libcudnn_engines_tensor_ir.so.*",
+    "nvidia/cudnn/lib/libcudnn_ext.so.*",
+    "nvidia/cudnn/lib/libcudnn_heuristic.so.*",
+    "nvidia/cudnn/lib/libcudnn_ops.so.*",
+    "triton/_C/libtriton.so",
+    "triton/_C/libproton.so",
+    "triton/backends/nvidia/bin",
+    "triton/backends/nvidia/lib",
+    "nvidia/*/lib/libcusolverMg.so.*",
+    "nvidia/*/lib/libnvrtc.alt.so.*",
+)
 
 
 def group_key(name: str) -> str:
@@ -98,11 +133,32 @@ def compile_new() -> None:
         compileall.compile_dir(directory, quiet=2, workers=0)
 
 
+def prune_gpu_only(site: Path, environ: dict[str, str]) -> list[tuple[str, int]]:
+    """On a base without CUDA (``CUDA_VERSION`` unset or empty in ``environ``), delete what of
+    ``GPU_ONLY`` is under ``site``; the paths deleted (relative to ``site``) and their bytes."""
+    if environ.get("CUDA_VERSION"):
+        return []
+    deleted = []
+    for pattern in GPU_ONLY:
+        for found in sorted(glob.glob(pattern, root_dir=site)):
+            path = site / found
+            if path.is_dir() and not path.is_symlink():
+                size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+                shutil.rmtree(path)
+            else:
+                size = path.lstat().st_size
+                path.unlink()
+            deleted.append((found, size))
+    return deleted
+
+
 def install(layer: int) -> None:
     pins = [pin for pin in json.loads(PLAN.read_text()) if layer_of(pin.split("==")[0]) == layer]
     if pins:
         pip_install("--no-deps", "--no-compile", *pins)
         compile_new()
+        for found, size in prune_gpu_only(Path(sysconfig.get_paths()["platlib"]), dict(os.environ)):
+            print(f"layers.py: CPU base, left out {found} ({size / 2**20:.0f} MiB)")
     if layer == LAYERS:
         subprocess.run([sys.executable, "-m", "pip", "check"], check=True)
 

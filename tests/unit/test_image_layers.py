@@ -46,12 +46,19 @@ def test_the_dockerfile_installs_every_layer_in_order() -> None:
     assert steps == ["plan", *(str(n) for n in range(1, layers.LAYERS + 1))]
 
 
-def wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
-    """A minimal, real wheel of one module named like the project."""
+def wheel(
+    folder: Path,
+    name: str,
+    version: str,
+    requires: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (),
+) -> None:
+    """A minimal, real wheel of one module named like the project (and ``extra`` files)."""
     module = name.replace("-", "_")
     info = f"{module}-{version}.dist-info"
     files = {
         f"{module}.py": b"",
+        **{path: f"{path}\n".encode() for path in extra},
         f"{info}/METADATA": "\n".join(
             ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
             + [f"Requires-Dist: {req}" for req in requires]
@@ -77,7 +84,11 @@ def test_plan_then_every_layer_installs_exactly_the_resolved_stack(tmp_path: Pat
     houses = tmp_path / "wheelhouse"
     houses.mkdir()
     wheel(houses, "torch", "2.0", ("nvidia-cudnn-cu13==9.1", "helper"))
-    wheel(houses, "nvidia-cudnn-cu13", "9.1")
+    # cuDNN's shim and graph library stay on a CPU base, its engines go (GPU_ONLY)
+    cudnn_libs = ("libcudnn.so.9", "libcudnn_graph.so.9", "libcudnn_engines_precompiled.so.9")
+    wheel(
+        houses, "nvidia-cudnn-cu13", "9.1", extra=tuple(f"nvidia/cudnn/lib/{n}" for n in cudnn_libs)
+    )
     wheel(houses, "nvidia-cudnn-cu13", "9.2")
     wheel(houses, "helper", "1.0")
     build = tmp_path / "build"
@@ -117,6 +128,10 @@ def test_plan_then_every_layer_installs_exactly_the_resolved_stack(tmp_path: Pat
     assert installed() >= {"nvidia-cudnn-cu13==9.1"}
     assert not installed() & {"torch==2.0", "helper==1.0"}
     site = next(venv.glob("lib/python3*/site-packages"))
+    assert sorted(p.name for p in (site / "nvidia/cudnn/lib").iterdir()) == [
+        "libcudnn.so.9",
+        "libcudnn_graph.so.9",
+    ], "the venv (no CUDA_VERSION) kept a GPU-only library"
     first = {p: p.stat().st_mtime_ns for p in site.glob("__pycache__/nvidia_cudnn_cu13.*.pyc")}
     assert first, "layer 1 left its modules without .pyc"
     step("install", "2")
@@ -127,6 +142,56 @@ def test_plan_then_every_layer_installs_exactly_the_resolved_stack(tmp_path: Pat
     for layer in range(3, layers.LAYERS + 1):
         step("install", str(layer))
     assert installed() >= {"helper==1.0", "nvidia-cudnn-cu13==9.1", "torch==2.0"}
+
+
+def tree(root: Path, *files: str) -> None:
+    for name in files:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"x" * 10)
+
+
+GPU_AND_CPU_FILES = (
+    "nvidia/cudnn/lib/libcudnn.so.9",
+    "nvidia/cudnn/lib/libcudnn_graph.so.9",
+    "nvidia/cudnn/lib/libcudnn_ops.so.9",
+    "nvidia/cu13/lib/libcublasLt.so.13",
+    "nvidia/cu13/lib/libcusolverMg.so.12",
+    "nvidia/cu13/lib/libnvrtc.so.13",
+    "nvidia/cu13/lib/libnvrtc.alt.so.13",
+    "triton/__init__.py",
+    "triton/_C/libtriton.so",
+    "triton/backends/nvidia/bin/ptxas",
+    "triton/backends/nvidia/lib/cupti/libcupti.so",
+    "triton/backends/nvidia/compiler.py",
+    "torch/lib/libtorch_cuda.so",
+)
+
+
+def test_a_cpu_base_leaves_out_what_only_a_gpu_loads(tmp_path: Path) -> None:
+    tree(tmp_path, *GPU_AND_CPU_FILES)
+    deleted = layers.prune_gpu_only(tmp_path, {"PATH": "/usr/bin", "CUDA_VERSION": ""})
+    assert sorted(deleted) == [
+        ("nvidia/cu13/lib/libcusolverMg.so.12", 10),
+        ("nvidia/cu13/lib/libnvrtc.alt.so.13", 10),
+        ("nvidia/cudnn/lib/libcudnn_ops.so.9", 10),
+        ("triton/_C/libtriton.so", 10),
+        ("triton/backends/nvidia/bin", 10),
+        ("triton/backends/nvidia/lib", 10),
+    ]
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert left == sorted(
+        {*GPU_AND_CPU_FILES}
+        - {f for f, _ in deleted}
+        - {"triton/backends/nvidia/bin/ptxas", "triton/backends/nvidia/lib/cupti/libcupti.so"}
+    )
+    # a later layer finds nothing more to delete
+    assert layers.prune_gpu_only(tmp_path, {}) == []
+
+
+def test_a_cuda_base_keeps_the_whole_stack(tmp_path: Path) -> None:
+    tree(tmp_path, *GPU_AND_CPU_FILES)
+    assert layers.prune_gpu_only(tmp_path, {"CUDA_VERSION": "13.0.2"}) == []
+    assert len([p for p in tmp_path.rglob("*") if p.is_file()]) == len(GPU_AND_CPU_FILES)
 
 
 def test_a_bad_step_is_refused_with_its_usage() -> None:
