@@ -16,11 +16,12 @@ with ``--no-deps`` at exactly those versions, then byte-compiles what it added o
 (``compile_new``); the last one installs what no group names and checks the whole stack with
 ``pip check``. Standard library only: it runs on the base's Python.
 
-On a base without CUDA (its image sets no ``CUDA_VERSION``: the sandbox's CPU base) each layer
-then deletes the files of its packages that only a GPU ever loads (``GPU_ONLY``): torch's CUDA
-13 wheels are the only build that pip can pair with torchvision here, and on CPU their cuDNN
-engines, Triton's GPU compiler and a few CUDA libraries are ~1.9 of the stack's ~5.8 GB, which
-every trainer pulls. What torch links at import stays, so the stack imports as before.
+With ``GPU_LIBRARIES=leave-out`` (a build argument: the trainer_image role passes it where
+every trainer's inventory says ``gpus: 0``, as in the sandbox) each layer then deletes the files
+of its packages that only a GPU ever loads (``GPU_ONLY``): torch's CUDA 13 wheels are the only
+build that pip can pair with torchvision on the development machines, and without a GPU their
+cuDNN engines, Triton's GPU compiler and a few CUDA libraries are ~1.9 of the stack's ~5.8 GB,
+which every trainer pulls. What torch links at import stays, so the stack imports as before.
 """
 
 from __future__ import annotations
@@ -134,9 +135,9 @@ def compile_new() -> None:
 
 
 def prune_gpu_only(site: Path, environ: dict[str, str]) -> list[tuple[str, int]]:
-    """On a base without CUDA (``CUDA_VERSION`` unset or empty in ``environ``), delete what of
-    ``GPU_ONLY`` is under ``site``; the paths deleted (relative to ``site``) and their bytes."""
-    if environ.get("CUDA_VERSION"):
+    """With ``GPU_LIBRARIES=leave-out`` in ``environ``, delete what of ``GPU_ONLY`` is under
+    ``site``; the paths deleted (relative to ``site``) and their bytes. Anything else keeps all."""
+    if environ.get("GPU_LIBRARIES") != "leave-out":
         return []
     deleted = []
     for pattern in GPU_ONLY:
@@ -158,7 +159,7 @@ def install(layer: int) -> None:
         pip_install("--no-deps", "--no-compile", *pins)
         compile_new()
         for found, size in prune_gpu_only(Path(sysconfig.get_paths()["platlib"]), dict(os.environ)):
-            print(f"layers.py: CPU base, left out {found} ({size / 2**20:.0f} MiB)")
+            print(f"layers.py: no GPU on any trainer, left out {found} ({size / 2**20:.0f} MiB)")
     if layer == LAYERS:
         subprocess.run([sys.executable, "-m", "pip", "check"], check=True)
 

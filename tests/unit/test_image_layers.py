@@ -12,6 +12,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
 from plugin_loader import ROOT, load_plugin
 
 layers = load_plugin("ddpfleet_image_layers", "images/trainer/layers.py")
@@ -100,6 +102,7 @@ def test_plan_then_every_layer_installs_exactly_the_resolved_stack(tmp_path: Pat
     python = str(venv / "bin/python")
     env = {
         "WHEELHOUSE_URL": str(houses),
+        "GPU_LIBRARIES": "leave-out",  # as the role passes it where no trainer has a GPU
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
         "PATH": "/usr/bin:/bin",
     }
@@ -131,7 +134,7 @@ def test_plan_then_every_layer_installs_exactly_the_resolved_stack(tmp_path: Pat
     assert sorted(p.name for p in (site / "nvidia/cudnn/lib").iterdir()) == [
         "libcudnn.so.9",
         "libcudnn_graph.so.9",
-    ], "the venv (no CUDA_VERSION) kept a GPU-only library"
+    ], "GPU_LIBRARIES=leave-out kept a GPU-only library"
     first = {p: p.stat().st_mtime_ns for p in site.glob("__pycache__/nvidia_cudnn_cu13.*.pyc")}
     assert first, "layer 1 left its modules without .pyc"
     step("install", "2")
@@ -167,9 +170,9 @@ GPU_AND_CPU_FILES = (
 )
 
 
-def test_a_cpu_base_leaves_out_what_only_a_gpu_loads(tmp_path: Path) -> None:
+def test_without_gpus_the_layers_leave_out_what_only_a_gpu_loads(tmp_path: Path) -> None:
     tree(tmp_path, *GPU_AND_CPU_FILES)
-    deleted = layers.prune_gpu_only(tmp_path, {"PATH": "/usr/bin", "CUDA_VERSION": ""})
+    deleted = layers.prune_gpu_only(tmp_path, {"PATH": "/usr/bin", "GPU_LIBRARIES": "leave-out"})
     assert sorted(deleted) == [
         ("nvidia/cu13/lib/libcusolverMg.so.12", 10),
         ("nvidia/cu13/lib/libnvrtc.alt.so.13", 10),
@@ -185,13 +188,63 @@ def test_a_cpu_base_leaves_out_what_only_a_gpu_loads(tmp_path: Path) -> None:
         - {"triton/backends/nvidia/bin/ptxas", "triton/backends/nvidia/lib/cupti/libcupti.so"}
     )
     # a later layer finds nothing more to delete
-    assert layers.prune_gpu_only(tmp_path, {}) == []
+    assert layers.prune_gpu_only(tmp_path, {"GPU_LIBRARIES": "leave-out"}) == []
 
 
-def test_a_cuda_base_keeps_the_whole_stack(tmp_path: Path) -> None:
+@pytest.mark.parametrize("environ", [{}, {"GPU_LIBRARIES": "keep"}, {"GPU_LIBRARIES": ""}])
+def test_otherwise_the_layers_keep_the_whole_stack(tmp_path: Path, environ: dict) -> None:
     tree(tmp_path, *GPU_AND_CPU_FILES)
-    assert layers.prune_gpu_only(tmp_path, {"CUDA_VERSION": "13.0.2"}) == []
+    assert layers.prune_gpu_only(tmp_path, environ) == []
     assert len([p for p in tmp_path.rglob("*") if p.is_file()]) == len(GPU_AND_CPU_FILES)
+
+
+def gpu_libraries(*gpus: object) -> str:
+    """The trainer_image role's GPU_LIBRARIES for trainers with these `gpus` (None: unset),
+    rendered from its vars/main.yml by Ansible's own templating."""
+    loader = DataLoader()
+    role_vars = loader.load_from_file(str(ROOT / "roles/trainer_image/vars/main.yml"))
+    hostvars = {
+        f"node{n}": {} if value is None else {"gpus": value} for n, value in enumerate(gpus)
+    }
+    variables = {
+        "_trainer_image_gpu_libraries": trust_as_template(
+            role_vars["_trainer_image_gpu_libraries"]
+        ),
+        "groups": {"trainers": list(hostvars)},
+        "hostvars": hostvars,
+    }
+    templar = Templar(loader=loader, variables=variables)
+    text = role_vars["_trainer_image_build_args"]["GPU_LIBRARIES"]
+    return templar.template(trust_as_template(text))
+
+
+@pytest.mark.parametrize(
+    ("gpus", "expected"),
+    [
+        ((0, 0, 0), "leave-out"),  # the sandbox's inventory
+        ((0, "0"), "leave-out"),
+        ((8, 8, 8), "keep"),  # the sample inventory
+        ((0, 0, 1), "keep"),
+        ((0, None), "keep"),  # unset: train.yml detects the host's GPUs
+        ((None,), "keep"),
+    ],
+)
+def test_the_role_leaves_gpu_libraries_out_only_where_no_trainer_has_a_gpu(
+    gpus: tuple, expected: str
+) -> None:
+    assert gpu_libraries(*gpus) == expected
+
+
+def test_the_dockerfile_declares_the_role_s_build_arguments_in_its_final_stage() -> None:
+    """A build argument the final stage does not declare would reach no RUN step."""
+    dockerfile = (ROOT / "images/trainer/Dockerfile").read_text()
+    final = dockerfile[dockerfile.rindex("\nFROM ") :]
+    loader = DataLoader()
+    role_vars = loader.load_from_file(str(ROOT / "roles/trainer_image/vars/main.yml"))
+    declared = {
+        line.split()[1].split("=")[0] for line in final.splitlines() if line.startswith("ARG ")
+    }
+    assert set(role_vars["_trainer_image_build_args"]) - {"BASE_IMAGE"} <= declared
 
 
 def test_a_bad_step_is_refused_with_its_usage() -> None:
