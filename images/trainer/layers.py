@@ -36,6 +36,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -134,7 +135,7 @@ def compile_new() -> None:
         compileall.compile_dir(directory, quiet=2, workers=0)
 
 
-def prune_gpu_only(site: Path, environ: dict[str, str]) -> list[tuple[str, int]]:
+def prune_gpu_only(site: Path, environ: Mapping[str, str]) -> list[tuple[str, int]]:
     """With ``GPU_LIBRARIES=leave-out`` in ``environ``, delete what of ``GPU_ONLY`` is under
     ``site``; the paths deleted (relative to ``site``) and their bytes. Anything else keeps all."""
     if environ.get("GPU_LIBRARIES") != "leave-out":
@@ -158,7 +159,7 @@ def install(layer: int) -> None:
     if pins:
         pip_install("--no-deps", "--no-compile", *pins)
         compile_new()
-        for found, size in prune_gpu_only(Path(sysconfig.get_paths()["platlib"]), dict(os.environ)):
+        for found, size in prune_gpu_only(Path(sysconfig.get_paths()["platlib"]), os.environ):
             print(f"layers.py: no GPU on any trainer, left out {found} ({size / 2**20:.0f} MiB)")
     if layer == LAYERS:
         subprocess.run([sys.executable, "-m", "pip", "check"], check=True)

@@ -17,6 +17,8 @@ from ansible.template import Templar, trust_as_template
 from plugin_loader import ROOT, load_plugin
 
 layers = load_plugin("ddpfleet_image_layers", "images/trainer/layers.py")
+# the trainer_image role's vars/main.yml as Ansible reads it (its values are templates)
+ROLE_VARS = DataLoader().load_from_file(str(ROOT / "roles/trainer_image/vars/main.yml"))
 
 
 @pytest.mark.parametrize(
@@ -86,7 +88,7 @@ def test_plan_then_every_layer_installs_exactly_the_resolved_stack(tmp_path: Pat
     houses = tmp_path / "wheelhouse"
     houses.mkdir()
     wheel(houses, "torch", "2.0", ("nvidia-cudnn-cu13==9.1", "helper"))
-    # cuDNN's shim and graph library stay on a CPU base, its engines go (GPU_ONLY)
+    # with GPU_LIBRARIES=leave-out, cuDNN's shim and graph library stay, its engines go (GPU_ONLY)
     cudnn_libs = ("libcudnn.so.9", "libcudnn_graph.so.9", "libcudnn_engines_precompiled.so.9")
     wheel(
         houses, "nvidia-cudnn-cu13", "9.1", extra=tuple(f"nvidia/cudnn/lib/{n}" for n in cudnn_libs)
@@ -201,20 +203,18 @@ def test_otherwise_the_layers_keep_the_whole_stack(tmp_path: Path, environ: dict
 def gpu_libraries(*gpus: object) -> str:
     """The trainer_image role's GPU_LIBRARIES for trainers with these `gpus` (None: unset),
     rendered from its vars/main.yml by Ansible's own templating."""
-    loader = DataLoader()
-    role_vars = loader.load_from_file(str(ROOT / "roles/trainer_image/vars/main.yml"))
     hostvars = {
         f"node{n}": {} if value is None else {"gpus": value} for n, value in enumerate(gpus)
     }
     variables = {
         "_trainer_image_gpu_libraries": trust_as_template(
-            role_vars["_trainer_image_gpu_libraries"]
+            ROLE_VARS["_trainer_image_gpu_libraries"]
         ),
         "groups": {"trainers": list(hostvars)},
         "hostvars": hostvars,
     }
-    templar = Templar(loader=loader, variables=variables)
-    text = role_vars["_trainer_image_build_args"]["GPU_LIBRARIES"]
+    templar = Templar(loader=DataLoader(), variables=variables)
+    text = ROLE_VARS["_trainer_image_build_args"]["GPU_LIBRARIES"]
     return templar.template(trust_as_template(text))
 
 
@@ -239,12 +239,10 @@ def test_the_dockerfile_declares_the_role_s_build_arguments_in_its_final_stage()
     """A build argument the final stage does not declare would reach no RUN step."""
     dockerfile = (ROOT / "images/trainer/Dockerfile").read_text()
     final = dockerfile[dockerfile.rindex("\nFROM ") :]
-    loader = DataLoader()
-    role_vars = loader.load_from_file(str(ROOT / "roles/trainer_image/vars/main.yml"))
     declared = {
         line.split()[1].split("=")[0] for line in final.splitlines() if line.startswith("ARG ")
     }
-    assert set(role_vars["_trainer_image_build_args"]) - {"BASE_IMAGE"} <= declared
+    assert set(ROLE_VARS["_trainer_image_build_args"]) - {"BASE_IMAGE"} <= declared
 
 
 def test_a_bad_step_is_refused_with_its_usage() -> None:
