@@ -72,8 +72,8 @@ e2e: $(STAMP) host-deps ## End-to-end tier on the sandbox cluster (needs a Docke
 	bash tools/browser-deps.sh
 	$(BIN)/python -m pytest tests/e2e --durations=40
 
-# tools/test_tiers.sh: lint beside the unit tier's wall-clock tests, the rest of the unit tier,
-# then the e2e tier, each part's time printed.
+# tools/test_tiers.sh: lint beside the unit tier's wall-clock tests, then the e2e tier with the
+# rest of the unit tier beside it on the CPU it leaves idle, each part's time printed.
 test: ## Every test tier (what CI runs): lint, unit, e2e, each tier's time printed
 	@MAKE="$(MAKE)" bash tools/test_tiers.sh
 

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from time_bounds import within
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -52,6 +54,7 @@ def local_playbook(book: Path, **env: str) -> str:
     done = subprocess.run(
         [Path(sys.executable).with_name("ansible-playbook"), "-i", "localhost,", "-c", "local",
          "-e", f"ansible_python_interpreter={sys.executable}", str(book)],
-        cwd=book.parent, env=run_env, capture_output=True, text=True, timeout=120, check=False,
+        cwd=book.parent, env=run_env, capture_output=True, text=True, timeout=within(120),
+        check=False,
     )  # fmt: skip
     return f"rc={done.returncode}\n{done.stdout}{done.stderr}"

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from time_bounds import within
 
 from ddpfleet_agent.cli import AgentConfig, BadAgentInput, parse_args
 from trainer.options import OPTIONS, agent_args, agent_options
@@ -73,7 +74,7 @@ def test_min_hosts_is_also_bounded_by_the_hosts() -> None:
 def test_a_bad_declared_flag_exits_2_with_one_line() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "ddpfleet_agent", *BASE, "--restarts=1001", "--", "true"],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True, text=True, timeout=within(60), check=False,
     )  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
@@ -96,7 +97,7 @@ def test_addresses_not_one_per_host_is_one_line(value: str) -> None:
 
 def test_help_shows_the_declared_flags_with_their_defaults() -> None:
     proc = subprocess.run([sys.executable, "-m", "ddpfleet_agent", "--help"], capture_output=True,
-                          text=True, timeout=60, check=False)  # fmt: skip
+                          text=True, timeout=within(60), check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())
     assert "--restarts RESTARTS train_restarts: Restarts" in text

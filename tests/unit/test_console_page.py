@@ -14,6 +14,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from time_bounds import within
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "roles" / "monitoring" / "files" / "ddpfleet.html"
 MARKUP = '<b id="injected">node1</b><img src=x onerror="document.title=1">'
@@ -52,7 +54,7 @@ def render(tmp_path: Path) -> str:
     done = subprocess.run(
         [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri() + "?run_id=r1"],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True, text=True, timeout=within(60), check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout

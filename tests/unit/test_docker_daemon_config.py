@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from time_bounds import within
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "docker"
@@ -131,7 +132,7 @@ def validate(fakes: Path, config: dict) -> subprocess.CompletedProcess[str]:
     candidate.write_text(json.dumps(config))
     return subprocess.run(
         [str(VALIDATOR), str(candidate)],
-        env=_env(fakes), capture_output=True, text=True, timeout=60, check=False,
+        env=_env(fakes), capture_output=True, text=True, timeout=within(60), check=False,
     )  # fmt: skip
 
 
@@ -199,7 +200,7 @@ def site(node: Path, fakes: Path, running: str = "", **extra: object) -> str:
         [str(playbook), "-i", "localhost,", str(node / "play.yml"),
          "-e", json.dumps({**paths, **extra})],
         cwd=ROOT, env=_env(fakes, running, paths["_docker_daemon_json_path"]),
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=within(300),
         check=False,
     )  # fmt: skip
     return f"rc={proc.returncode}\n{proc.stdout}{proc.stderr}"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from plugin_loader import load_plugin
+from time_bounds import within
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "roles" / "host_lock" / "files" / "ddpfleet_lock.py"
@@ -24,7 +25,11 @@ node = load_plugin("ddpfleet_lock_node", "roles/host_lock/files/ddpfleet_lock.py
 
 def lock(*args: str) -> tuple[int, dict]:
     proc = subprocess.run(
-        [sys.executable, str(LOCK), *args], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, str(LOCK), *args],
+        capture_output=True,
+        text=True,
+        timeout=within(60),
+        check=False,
     )
     return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {"err": proc.stderr}
 
@@ -157,7 +162,7 @@ def test_a_planted_link_is_not_followed(path: Path) -> None:
 def test_bad_usage_is_one_line_and_exit_2(path: Path, args: list[str]) -> None:
     proc = subprocess.run(
         [sys.executable, str(LOCK), "renew", "--path", str(path), "--lease", "5", *args],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True, text=True, timeout=within(60), check=False,
     )  # fmt: skip
     assert proc.returncode == 2
     assert "must" in proc.stderr.splitlines()[-1]
@@ -194,7 +199,7 @@ def test_exactly_one_of_many_processes_takes_over_a_stale_lock(path: Path) -> No
         for proc in procs:
             proc.start()
         for proc in procs:
-            proc.join(30)
+            proc.join(within(30))
         winners = [f"t{round_}-{i}" for i, p in enumerate(procs) if p.exitcode == 0]
         assert sorted(p.exitcode for p in procs) == [0, 3, 3, 3], (round_, winners)
         assert holder(path)["token"] == winners[0]

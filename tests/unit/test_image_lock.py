@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from time_bounds import within
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "roles" / "host_lock" / "files" / "ddpfleet_lock.py"
@@ -73,7 +74,7 @@ def role_run(tmp_path: Path) -> RoleRun:
         proc = subprocess.run(
             [str(playbook), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"),
              "-e", json.dumps({"_trainer_image_lock": str(lock_path), **extra})],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=within(300), check=False,
         )  # fmt: skip
         return f"rc={proc.returncode}\n{proc.stdout}{proc.stderr}"
 

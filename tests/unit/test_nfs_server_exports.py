@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from plugin_loader import load_plugin
+from time_bounds import within
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "nfs_server"
@@ -68,7 +69,7 @@ def run_on_sample(tmp: Path, tasks: list[dict], extra: dict | None = None) -> st
     proc = subprocess.run(
         [str(playbook), "-i", "inventory/sample/hosts.yml", str(_play(tmp, tasks)),
          "-e", json.dumps(local)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=within(180), check=False,
     )  # fmt: skip
     return f"rc={proc.returncode}\n{proc.stdout}{proc.stderr}"
 

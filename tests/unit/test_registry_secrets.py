@@ -17,6 +17,7 @@ import pytest
 import yaml
 from cryptography import x509
 from registry_certs import sign_short_lived
+from time_bounds import within
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "registry"
@@ -99,7 +100,7 @@ def run(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(playbook), "-i", str(workdir / "hosts.yml"), str(workdir / "play.yml"),
          "-e", json.dumps(extra), *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=within(300), check=False,
     )  # fmt: skip
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
+from time_bounds import within
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "roles" / "trainer_run" / "tasks" / "announce.yml"
@@ -50,7 +51,7 @@ def at_once(cmd: str, times: int = 2) -> list[subprocess.CompletedProcess[str]]:
              for _ in range(times)]  # fmt: skip
     done = []
     for p in procs:
-        out, err = p.communicate(timeout=30)
+        out, err = p.communicate(timeout=within(30))
         done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
     return done
 

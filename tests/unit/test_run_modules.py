@@ -54,7 +54,7 @@ def module(name: str, args: dict, expect_ok: bool = True) -> dict:
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=within(120),
         check=False,
         cwd=ROOT,
     )

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from time_bounds import within
 
 import trainer.request as validate
 
@@ -251,7 +252,7 @@ def test_validate_yml_fails_the_play_in_one_line_before_any_host_is_contacted():
     extra = json.dumps({"run_id": "r1", "train_synthetic": True, "train_peer_timeout": 1e10})
     proc = subprocess.run(
         [str(playbook), "-i", "inventory/sample/hosts.yml", "train.yml", "-e", extra],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=within(120), check=False,
     )  # fmt: skip
     assert proc.returncode != 0
     line = "train_peer_timeout must be a whole number from 5 to 604800 (got 10000000000.0)"

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from time_bounds import within
+
 from ddpfleet_agent.container import container_params
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +74,7 @@ def test_a_parameter_without_a_docker_run_form_fails_the_task_in_one_line(tmp_pa
     spec.write_text(json.dumps({"secret": False, "attempt": "a1",
                                 "params": {**PARAMS, "oom_killer": False}}))  # fmt: skip
     proc = subprocess.run([sys.executable, str(TASK), str(spec)], capture_output=True,
-                          text=True, timeout=30, check=False)  # fmt: skip
+                          text=True, timeout=within(30), check=False)  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"ddpfleet-slurm-task on {os.uname().nodename}: no docker run form for the container "
@@ -101,11 +103,11 @@ def test_slurm_s_sigterm_stops_the_container_as_stop_yml_does(tmp_path: Path) ->
     # its own process group: SIGTERM goes to every process of it, as Slurm signals a task's
     proc = subprocess.Popen([sys.executable, str(TASK), str(spec)], env=env, text=True,
                             stdout=subprocess.PIPE, start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + within(10)
     while not (log.exists() and "run" in log.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGTERM)
-    out, _ = proc.communicate(timeout=10)
+    out, _ = proc.communicate(timeout=within(10))
     assert proc.returncode == 3
     lines = log.read_text().splitlines()
     assert lines[0] == "run s3cret"  # the token reached docker through its environment

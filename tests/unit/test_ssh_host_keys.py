@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from time_bounds import within
 
 from sandbox import inventory
 from sandbox.settings import make_settings
@@ -32,7 +33,7 @@ def test_ansible_resolves_host_key_checking_on_for_the_sample_inventory() -> Non
     config = Path(sys.executable).with_name("ansible-config")
     dump = subprocess.run(
         [str(config), "dump", "--type", "base", "--format", "json"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=within(120), check=True,
     )  # fmt: skip
     settings = {item.get("name"): item.get("value") for item in yaml.safe_load(dump.stdout)}
     assert settings["HOST_KEY_CHECKING"] is True
