@@ -52,22 +52,26 @@ class Awake:
             self._watcher = threading.Thread(target=self._watch, name="awake", daemon=True)
             self._watcher.start()
 
-    def _late(self) -> float:
-        """How much later than its sleep the watcher's next wake is now."""
-        return time.clock_gettime(CLOCK) - self.last - self.tick
+    def _late(self, woke: float) -> float:
+        """How much later than its sleep a wake of the watcher at ``woke`` (CLOCK) is."""
+        return woke - self.last - self.tick
 
     def _watch(self) -> None:
         while True:
             time.sleep(self.tick)
-            if (late := self._late()) >= self.paused:
+            # One read: a pause that begins just after it is in the next wake's lateness. With a
+            # second read for ``last``, a pause between the two was in neither (a SIGSTOP there,
+            # under load, left a 3 s stop unnoticed).
+            woke = time.clock_gettime(CLOCK)
+            if (late := self._late(woke)) >= self.paused:
                 now = time.time()
                 self.pauses.append((now - late, now))
-            self.last = time.clock_gettime(CLOCK)
+            self.last = woke
 
     def _noted(self, now: float) -> list[tuple[float, float]]:
         """The pauses noted, and a wake the watcher has not noted yet (the main thread ran first
         after the pause): the watcher is that late now."""
-        late = self._late() if self._watcher else 0.0
+        late = self._late(time.clock_gettime(CLOCK)) if self._watcher else 0.0
         return [*self.pauses, *([(now - late, now)] if late >= self.paused else [])]
 
     def longest(self, since: float, now: float) -> float:

@@ -7,9 +7,12 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
+from fake_clock import Clock
 
+from ddpfleet_agent import awake as awake_module
 from ddpfleet_agent.awake import Awake, paused_within
 from ddpfleet_agent.failures import rank_problem
 from ddpfleet_agent.ranks import rank_views
@@ -91,6 +94,41 @@ def test_a_process_stopped_and_continued_finds_its_pause(stopped):
         assert stopped - 0.5 <= asleep <= stopped + 1.0, asleep
     else:
         assert asleep == 0.0
+
+
+class _Ended(Exception):
+    """Ends the watcher's loop in a test."""
+
+
+def test_a_pause_that_begins_just_after_the_watcher_reads_its_clock_is_found(monkeypatch):
+    """The process stopped for 3 s at the worst moment: just after the watcher read the clock at
+    a wake (a stop lands there under load, when the thread loses its core right after the
+    read). The next wake is 3 s late, and the pause is noted whole."""
+    clock = Clock()
+    sleeps: list[float] = []
+    stopped: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        if len(sleeps) == 4:
+            raise _Ended
+        sleeps.append(seconds)
+        clock.sleep(seconds)
+
+    def read(_clock: int) -> float:
+        now = clock.now
+        if len(sleeps) == 2 and not stopped:  # the second wake's read: the stop begins here
+            stopped.append(now)
+            clock.sleep(3.0)
+        return now
+
+    fake = SimpleNamespace(sleep=sleep, clock_gettime=read, time=clock.monotonic)
+    monkeypatch.setattr(awake_module, "time", fake)
+    awake = Awake()
+    awake.last = read(0)  # as start() does, without the thread
+    with pytest.raises(_Ended):
+        awake._watch()
+    assert stopped, "the watcher never woke a second time"
+    assert awake.asleep(clock.now - 30, clock.now) == pytest.approx(3.0)
 
 
 def test_the_longest_pause_counts_those_that_ended_after_the_time_asked():
