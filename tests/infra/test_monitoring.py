@@ -64,7 +64,7 @@ def test_prometheus_scrapes_every_node_s_exporter(
     assert sorted(scraped) == [(h, "1") for h in nodes]
 
 
-def test_prometheus_never_ran_with_the_package_s_defaults(
+def test_prometheus_holds_no_series_of_the_package_s_default_targets(
     prometheus: Any, inventory_vars: dict[str, Any], ansible_var: Callable[[str], Any]
 ) -> None:
     """Debian's package starts Prometheus on install with its own configuration: every address,
