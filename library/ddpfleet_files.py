@@ -18,7 +18,7 @@ description:
 - Meant to be called by the action of the same name, which renders or reads each file's content
   on the controller and passes its SHA-1 here. Each directory is created where missing; each
   file or directory whose owner, group or mode is off gets them; each file whose content is
-  missing or differs is only reported (C(content)): the action writes it with
+  missing or differs is only reported (C(content)), and the action writes it with
   ansible.builtin.copy or ansible.builtin.template.
 - In check mode nothing is changed; what would change is reported.
 options:

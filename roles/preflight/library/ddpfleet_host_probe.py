@@ -24,7 +24,7 @@ description:
 options:
   disk_path:
     description: A path whose filesystem is measured; it need not exist yet (/var/lib/docker
-      before Docker is installed): its nearest existing parent is.
+      before Docker is installed), and then its nearest existing parent is.
     type: path
     required: true
   nvidia_smi:

@@ -21,7 +21,7 @@ module: ddpfleet_registry_image
 short_description: Push a local image to a registry with uncompressed layers, or tag it there
 description:
 - C(docker push) gzips every layer, and every C(docker pull) gunzips it again. On a cluster's
-  own network that is the slow part: a 6 GB training image took 214 s to push and 240 s to
+  own network that is the slow part; a 6 GB training image took 214 s to push and 240 s to
   pull onto two trainers on a 2-core host, nearly all of it (de)compression. This module sends
   each layer as the tar Docker keeps (media type
   C(application/vnd.docker.image.rootfs.diff.tar), which every Docker pulls), so its digest
@@ -32,15 +32,16 @@ description:
   containerd image store, another storage driver), the module runs C(docker push) instead.
 - Layers the registry already holds are not read or sent again, nor is a config it holds.
 - After a push from the overlay2 store, the host's Docker is told what its own push would have
-  recorded: each layer is in this repository under a blob digest that is its diff ID (Docker's
-  distribution metadata, C(image/overlay2/distribution) under its root). A C(docker push) on
-  this host of an image built C(FROM) this one then mounts those layers in the registry instead
-  of gzipping and uploading them again, and its manifest names them by the digests every host
-  that pulled this image already holds, so those hosts pull only the layers added on top.
-- With I(source_tag), the manifest of that tag in the registry is put under I(tag): the image
-  need not be on this host.
-- Logs in and trusts the registry as Docker does on this host: the C(auths) entry of Docker's
-  config file, the CA in C(/etc/docker/certs.d/<registry>/ca.crt) (else the system's).
+  recorded, that each layer is in this repository under a blob digest that is its diff ID
+  (Docker's distribution metadata, C(image/overlay2/distribution) under its root). A
+  C(docker push) on this host of an image built C(FROM) this one then mounts those layers in
+  the registry instead of gzipping and uploading them again, and its manifest names them by the
+  digests every host that pulled this image already holds, so those hosts pull only the layers
+  added on top.
+- With I(source_tag), the manifest of that tag in the registry is put under I(tag), and the
+  image need not be on this host.
+- Logs in and trusts the registry as Docker does on this host, from the C(auths) entry of
+  Docker's config file, the CA in C(/etc/docker/certs.d/<registry>/ca.crt) (else the system's).
 - In check mode nothing is sent; what would change is reported.
 options:
   name:

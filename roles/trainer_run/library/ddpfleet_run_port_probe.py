@@ -24,7 +24,7 @@ options:
     type: str
     required: true
   ports:
-    description: The ports by name, e.g. {rendezvous: 29500, agent: 29501}.
+    description: "The ports by name, e.g. {rendezvous: 29500, agent: 29501}."
     type: dict
     required: true
   expect:
@@ -41,8 +41,8 @@ author: ddpfleet
 
 RETURN = r"""
 missing:
-  description: Each expected address that did not connect to every port, with the ports it missed
-    (e.g. {"10.0.0.12": ["agent port 29501"]}).
+  description: 'Each expected address that did not connect to every port, with the ports it missed
+    (e.g. {"10.0.0.12": ["agent port 29501"]}).'
   type: dict
   returned: always
 """

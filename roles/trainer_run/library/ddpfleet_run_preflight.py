@@ -27,7 +27,7 @@ short_description: Check that a host can take part in a ddpfleet run
 description:
 - Every peer's hostname resolves to its cluster_ip; the free_ports can be bound; /dev/shm
   (host IPC) or memory (private shm) is big enough; the CPU quota fits the host's CPUs; the
-  GPUs (nvidia-smi) are there, as many as asked for (default: every one found), no fewer
+  GPUs (nvidia-smi) are there, as many as asked for (by default every one found), no fewer
   than the processes per host, and of a supported compute capability;
   with /dev/infiniband, the engine grants unlimited memlock. Fails with one line naming the
   host and every problem found. Returns the GPUs to use, the InfiniBand devices and what the
@@ -67,7 +67,7 @@ options:
     type: float
     default: 0.0
   free_ports:
-    description: Ports by name that must be free on this host, e.g. {metrics: 29502}.
+    description: "Ports by name that must be free on this host, e.g. {metrics: 29502}."
     type: dict
     default: {}
   image:
