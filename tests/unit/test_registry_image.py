@@ -1,8 +1,8 @@
 """trainer_image's registry client (roles/trainer_image/library/ddpfleet_registry_image.py):
 names, Docker's login, the manifest it writes, each layer's tar put together from a Docker
 overlay2 store as Docker made it (and refused where the store's files changed), only what the
-registry lacks sent, what the host's Docker is told of the pushed layers, the moving tag, and
-Docker's own push for other stores. The real registry
+registry lacks sent (several layers at once, the largest first), what the host's Docker is told
+of the pushed layers, the moving tag, and Docker's own push for other stores. The real registry
 and Docker's pull of what it sends are e2e (test_20's site.yml, the testinfra suite)."""
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ import hashlib
 import io
 import json
 import tarfile
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from plugin_loader import load_plugin
+from time_bounds import within
 
 client = load_plugin(
     "ddpfleet_registry_image", "roles/trainer_image/library/ddpfleet_registry_image.py"
@@ -87,6 +89,10 @@ class Registry:
 
     def __init__(self, held: dict[str, bytes], tags: dict[str, tuple[bytes, str]] | None = None):
         self.held, self.tags, self.sent = dict(held), dict(tags or {}), []
+
+    def another(self) -> Registry:
+        """Another connection to the same registry: what it sends is recorded here too."""
+        return self
 
     def blob_size(self, d: str) -> int | None:
         return len(self.held[d]) if d in self.held else None
@@ -180,6 +186,7 @@ def store(root: Path, layers: list[dict[str, bytes]]) -> tuple[str, list[str]]:
         layer = images / "layerdb" / "sha256" / chain[7:]
         layer.mkdir(parents=True)
         (layer / "cache-id").write_text(f"cache{i}")
+        (layer / "size").write_text(str(sum(map(len, layers[i].values()))))  # as Docker does
         (layer / "tar-split.json.gz").write_bytes(record.read_bytes())
         (root / "overlay2" / f"cache{i}").mkdir(parents=True)
         diff.rename(root / "overlay2" / f"cache{i}" / "diff")
@@ -196,6 +203,45 @@ def test_the_store_sends_only_the_layers_the_registry_lacks(tmp_path: Path) -> N
     assert sent == sizes[diff_ids[1]] == len(registry.held[diff_ids[1]])
 
 
+def test_the_largest_layers_go_first_and_a_wrong_one_ends_the_sending(tmp_path: Path) -> None:
+    sizes = [3000, 9000, 1000, 5000]
+    image_id, diff_ids = store(tmp_path, [{f"f{n}": b"x" * n} for n in sizes])
+    registry = Registry({})
+    client.send_from_store(registry, str(tmp_path), image_id, diff_ids, {}, uploads=1)
+    assert registry.sent == [diff_ids[i] for i in (1, 3, 0, 2)]
+    (tmp_path / "overlay2" / "cache3" / "diff" / "f5000").write_bytes(b"y" * 5000)
+    registry = Registry({})
+    with pytest.raises(client.RegistryError, match=f"layer {diff_ids[3]} put together"):
+        client.send_from_store(registry, str(tmp_path), image_id, diff_ids, {}, uploads=1)
+    # the largest sent, the wrong one sent and refused, the two smaller ones never read
+    assert registry.sent[0] == diff_ids[1]
+    assert len(registry.sent) == 2
+    assert registry.sent[1] not in diff_ids
+
+
+class Meeting(Registry):
+    """A registry whose uploads each wait until ``parties`` of them are in flight at once."""
+
+    def __init__(self, parties: int):
+        super().__init__({})
+        self.barrier = threading.Barrier(parties, timeout=within(10))  # a hang guard
+
+    def put_blob(self, stream, size: int) -> str:
+        self.barrier.wait()  # BrokenBarrierError: fewer were sent at once
+        return super().put_blob(stream, size)
+
+
+@pytest.mark.parametrize("uploads", [2, 3])
+def test_up_to_uploads_layers_are_sent_at_once(tmp_path: Path, uploads: int) -> None:
+    image_id, diff_ids = store(tmp_path, [{f"f{i}": bytes([i]) * 900} for i in range(uploads)])
+    registry = Meeting(uploads)
+    _, sent = client.send_from_store(
+        registry, str(tmp_path), image_id, diff_ids, {}, uploads=uploads
+    )
+    assert sorted(registry.sent) == sorted(diff_ids)
+    assert sent == sum(len(registry.held[d]) for d in diff_ids)
+
+
 def test_a_store_whose_files_changed_is_refused_before_the_manifest(tmp_path: Path) -> None:
     image_id, diff_ids = store(tmp_path, [{"torch.so": b"t" * 9000}])
     (tmp_path / "overlay2" / "cache0" / "diff" / "torch.so").write_bytes(b"T" * 9000)
@@ -207,7 +253,8 @@ def test_a_new_image_is_sent_whole_and_named_by_one_manifest(tmp_path: Path) -> 
     image_id, diff_ids = store(tmp_path, [{"base": b"b" * 3000}, {"torch.so": b"t" * 9000}])
     registry = Registry({})
     body, sent = client.push(registry, str(tmp_path), image_id, diff_ids)
-    assert registry.sent == [*diff_ids, image_id]
+    assert sorted(registry.sent[:2]) == sorted(diff_ids)
+    assert registry.sent[2:] == [image_id]  # the config once its layers are there
     assert sent == sum(len(registry.held[d]) for d in [*diff_ids, image_id])
     layers = json.loads(body)["layers"]
     assert [(x["digest"], x["size"]) for x in layers] == [

@@ -12,6 +12,8 @@ import json
 import os
 import ssl
 import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
@@ -31,6 +33,9 @@ description:
   against its diff ID before the manifest names it. Where Docker keeps images otherwise (the
   containerd image store, another storage driver), the module runs C(docker push) instead.
 - Layers the registry already holds are not read or sent again, nor is a config it holds.
+- Up to I(uploads) layers are sent at once, the largest first, each over its own connection.
+  One at a time, the registry (which checks each layer's digest as it comes) stayed near one
+  core and the push took 1.5 times as long from a 2-core host.
 - After a push from the overlay2 store, the host's Docker is told what its own push would have
   recorded, that each layer is in this repository under a blob digest that is its diff ID
   (Docker's distribution metadata, C(image/overlay2/distribution) under its root). A
@@ -64,6 +69,10 @@ options:
     description: Seconds one request may wait for the registry.
     type: int
     default: 300
+  uploads:
+    description: How many layers are sent at once, each over its own connection.
+    type: int
+    default: 3
 author: ddpfleet
 """
 
@@ -91,6 +100,10 @@ OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 # What a tag may point at: a tag is copied whatever of these it holds.
 MANIFESTS = ", ".join([MANIFEST, MANIFEST_LIST, OCI_MANIFEST, OCI_INDEX])
 CHUNK = 1 << 20
+# Layers sent at once: a 4.1 GB image of 16 layers (the largest 1.2 GB) took 28-29 s one layer
+# at a time and 18-19 s three at once, the largest first, from a 2-core host (2, 4: within 1 s
+# of 3), the registry's digest checks no longer bound by one core (EPYC, 2026-12-07).
+UPLOADS = 3
 
 
 def split_name(name: str) -> tuple[str, str]:
@@ -140,6 +153,7 @@ class Registry:
     """One repository of a registry, over one kept-alive HTTPS connection."""
 
     def __init__(self, registry: str, repository: str, auth: str | None, timeout: int):
+        self.args = (registry, repository, auth, timeout)
         ca = f"/etc/docker/certs.d/{registry}/ca.crt"
         context = ssl.create_default_context(cafile=ca if os.path.exists(ca) else None)
         host, _, port = registry.partition(":")
@@ -148,6 +162,10 @@ class Registry:
         )
         self.base = f"/v2/{repository}"
         self.auth = {"Authorization": auth} if auth else {}
+
+    def another(self) -> Registry:
+        """The same repository over a connection of its own, for another thread."""
+        return Registry(*self.args)
 
     def call(
         self, method: str, path: str, ok: tuple[int, ...], *, body=None, headers=None, size=None
@@ -316,35 +334,76 @@ class LayerTar:
 
 
 def send_from_store(
-    registry: Registry, root: str, image_id: str, diff_ids: list[str], sizes: dict[str, int]
+    registry: Registry,
+    root: str,
+    image_id: str,
+    diff_ids: list[str],
+    sizes: dict[str, int],
+    *,
+    uploads: int = UPLOADS,
 ) -> tuple[bytes, int]:
-    """Send the layers not in sizes (which gains them) from Docker's overlay2 store; the
-    config's bytes and the bytes sent."""
+    """Send the layers not in sizes (which gains them) from Docker's overlay2 store, up to
+    ``uploads`` at once, the largest first; the config's bytes and the bytes sent."""
     images = os.path.join(root, "image", "overlay2")
     with open(os.path.join(images, "imagedb", "content", "sha256", image_id[7:]), "rb") as f:
         config = f.read()
     if sha256(config) != image_id:
         raise RegistryError(f"Docker's store holds another config under {image_id}")
-    sent = 0
-    for diff_id, chain_id in zip(diff_ids, chain_ids(diff_ids), strict=True):
-        if diff_id in sizes:
-            continue
-        layer = os.path.join(images, "layerdb", "sha256", chain_id[7:])
-        with open(os.path.join(layer, "cache-id"), encoding="ascii") as f:
-            diff_dir = os.path.join(root, "overlay2", f.read().strip(), "diff")
-        tar = LayerTar(os.path.join(layer, "tar-split.json.gz"), diff_dir)
-        got = registry.put_blob(tar, tar.size)
-        if got != diff_id:
-            raise RegistryError(f"layer {diff_id} put together from Docker's store is {got}")
-        sizes[diff_id], sent = tar.size, sent + tar.size
-    return config, sent
+    chains = zip(diff_ids, chain_ids(diff_ids), strict=True)
+    layers = {
+        d: os.path.join(images, "layerdb", "sha256", c[7:]) for d, c in chains if d not in sizes
+    }
+    queue = sorted(layers.items(), key=lambda item: stored_size(item[1]))  # the largest last
+    lock = threading.Lock()
+
+    def send_some(connection: Registry) -> None:
+        """Send layers off the queue over one connection until it is empty; on an error, the
+        other connections take no further layer."""
+        try:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    diff_id, layer = queue.pop()
+                with open(os.path.join(layer, "cache-id"), encoding="ascii") as f:
+                    diff_dir = os.path.join(root, "overlay2", f.read().strip(), "diff")
+                tar = LayerTar(os.path.join(layer, "tar-split.json.gz"), diff_dir)
+                got = connection.put_blob(tar, tar.size)
+                if got != diff_id:
+                    raise RegistryError(
+                        f"layer {diff_id} put together from Docker's store is {got}"
+                    )
+                with lock:
+                    sizes[diff_id] = tar.size
+        except BaseException:
+            with lock:
+                queue.clear()
+            raise
+
+    count = max(1, min(uploads, len(queue)))
+    connections = [registry] + [registry.another() for _ in range(count - 1)]
+    with ThreadPoolExecutor(len(connections)) as pool:
+        for done in [pool.submit(send_some, c) for c in connections]:
+            done.result()
+    return config, sum(sizes[d] for d in layers)
 
 
-def push(registry: Registry, root: str, image_id: str, diff_ids: list[str]) -> tuple[bytes, int]:
+def stored_size(layer: str) -> int:
+    """The size of a layer's files as Docker's layer store records it (0 where it does not)."""
+    try:
+        with open(os.path.join(layer, "size"), encoding="ascii") as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def push(
+    registry: Registry, root: str, image_id: str, diff_ids: list[str], uploads: int = UPLOADS
+) -> tuple[bytes, int]:
     """Send what the registry lacks of the local image; its manifest and the bytes sent."""
     held = {d: registry.blob_size(d) for d in dict.fromkeys([image_id, *diff_ids])}
     sizes = {d: size for d, size in held.items() if size is not None}
-    config, sent = send_from_store(registry, root, image_id, diff_ids, sizes)
+    config, sent = send_from_store(registry, root, image_id, diff_ids, sizes, uploads=uploads)
     if image_id not in sizes:
         sizes[registry.put_blob(io.BytesIO(config), len(config))] = len(config)
         sent += len(config)
@@ -405,7 +464,13 @@ def docker_push(ref: str) -> None:
 
 
 def publish(
-    registry: Registry, ref: str, tag: str, source_tag: str | None, check: bool
+    registry: Registry,
+    ref: str,
+    tag: str,
+    source_tag: str | None,
+    check: bool,
+    *,
+    uploads: int = UPLOADS,
 ) -> tuple[bool, bytes | None, int, int]:
     """Whether tag changed, the manifest it points at (None in check mode), the bytes sent,
     the layers newly recorded in this host's Docker as held by the repository."""
@@ -428,7 +493,7 @@ def publish(
             docker_push(ref)
             after = registry.get_manifest(tag)
             return after != current, after[0] if after else None, 0, 0
-        (body, sent), media_type = push(registry, root, image_id, diff_ids), MANIFEST
+        (body, sent), media_type = push(registry, root, image_id, diff_ids, uploads), MANIFEST
     changed = current is None or current[0] != body
     if changed and not check:
         registry.put_manifest(tag, body, media_type)
@@ -449,15 +514,23 @@ def main() -> None:
             "source_tag": {"type": "str"},
             "docker_config": {"type": "path", "default": "/root/.docker/config.json"},
             "timeout": {"type": "int", "default": 300},
+            "uploads": {"type": "int", "default": UPLOADS},
         },
         supports_check_mode=True,
     )
     p = module.params
+    if p["uploads"] < 1:
+        module.fail_json(msg=f"uploads: {p['uploads']}: at least 1 layer must be sent at a time")
     try:
         host, repository = split_name(p["name"])
         registry = Registry(host, repository, login(p["docker_config"], host), p["timeout"])
         changed, body, sent, recorded = publish(
-            registry, f"{p['name']}:{p['tag']}", p["tag"], p["source_tag"], module.check_mode
+            registry,
+            f"{p['name']}:{p['tag']}",
+            p["tag"],
+            p["source_tag"],
+            module.check_mode,
+            uploads=p["uploads"],
         )
     except (
         RegistryError,
