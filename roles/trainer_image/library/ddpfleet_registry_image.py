@@ -398,7 +398,7 @@ def stored_size(layer: str) -> int:
 
 
 def push(
-    registry: Registry, root: str, image_id: str, diff_ids: list[str], uploads: int = UPLOADS
+    registry: Registry, root: str, image_id: str, diff_ids: list[str], *, uploads: int = UPLOADS
 ) -> tuple[bytes, int]:
     """Send what the registry lacks of the local image; its manifest and the bytes sent."""
     held = {d: registry.blob_size(d) for d in dict.fromkeys([image_id, *diff_ids])}
@@ -493,7 +493,8 @@ def publish(
             docker_push(ref)
             after = registry.get_manifest(tag)
             return after != current, after[0] if after else None, 0, 0
-        (body, sent), media_type = push(registry, root, image_id, diff_ids, uploads), MANIFEST
+        body, sent = push(registry, root, image_id, diff_ids, uploads=uploads)
+        media_type = MANIFEST
     changed = current is None or current[0] != body
     if changed and not check:
         registry.put_manifest(tag, body, media_type)
