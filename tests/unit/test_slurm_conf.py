@@ -15,13 +15,15 @@ from ansible.template import Templar, trust_as_template
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "slurm"
 SAMPLE = yaml.safe_load((ROOT / "inventory" / "sample" / "hosts.yml").read_text())["all"]
-FACTS = {"ansible_processor_vcpus": 64, "ansible_memtotal_mb": 515_000}
+FACTS = {"processor_vcpus": 64, "memtotal_mb": 515_000}
 
 
 def sample_hostvars() -> dict[str, dict[str, Any]]:
-    """The sample inventory's hosts with their variables, plus facts as preflight gathers them."""
+    """The sample inventory's hosts with their variables, plus facts as preflight gathers them
+    (only under ansible_facts: ansible.cfg injects none as ansible_* variables)."""
     hosts = SAMPLE["children"]["trainers"]["hosts"]
-    return {name: {"inventory_hostname": name, "ansible_hostname": name, **FACTS, **values}
+    return {name: {"inventory_hostname": name, "ansible_facts": {"hostname": name, **FACTS},
+                   **values}
             for name, values in hosts.items()}  # fmt: skip
 
 
@@ -91,7 +93,7 @@ def test_gpus_default_to_the_detected_ones(gpus: int | None) -> None:
     hostvars = sample_hostvars()
     for values in hostvars.values():
         values.pop("gpus")
-        values["ddpfleet_gpu_count"] = "2"  # a fact preflight records as text
+        values["ansible_facts"]["ddpfleet_gpu_count"] = "2"  # a fact preflight records as text
         if gpus is not None:
             values["gpus"] = gpus
     nodes = [line for line in settings_of(render("slurm.conf", hostvars)) if "NodeName" in line]
@@ -100,7 +102,8 @@ def test_gpus_default_to_the_detected_ones(gpus: int | None) -> None:
 
 def test_node_name_is_the_etc_hosts_name_and_the_host_s_own_name_is_its_hostname() -> None:
     hostvars = sample_hostvars()
-    hostvars["gpu1"].update(node_hostname="trainer-a", ansible_hostname="gpu1-old")
+    hostvars["gpu1"]["node_hostname"] = "trainer-a"
+    hostvars["gpu1"]["ansible_facts"]["hostname"] = "gpu1-old"
     parsed = settings_of(render("slurm.conf", hostvars))
     first = next(line for line in parsed if "NodeName" in line)
     assert (first["NodeName"], first["NodeHostname"]) == ("trainer-a", "gpu1-old")
