@@ -1,15 +1,18 @@
 """Each of ddpfleet's own Ansible modules documents itself as `ansible-doc` reads it: its
 DOCUMENTATION and RETURN are YAML, and the options they name are the module's argument spec,
 with the same types, defaults and required flags (the spec is taken from the module's own
-main(), its AnsibleModule stood in for)."""
+main(), its AnsibleModule stood in for); and no run warns of an option named like a password
+without no_log set either way."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import yaml
+from ansible.module_utils.basic import PASSWORD_MATCH
 from plugin_loader import ROOT, load_plugin
 
 MODULES = sorted([*ROOT.glob("library/*.py"), *ROOT.glob("roles/*/library/*.py")])
@@ -28,11 +31,14 @@ class Capture:
         raise Spec(argument_spec)
 
 
-def argument_spec(module: ModuleType) -> dict:
+@functools.cache
+def loaded(path: Path) -> tuple[ModuleType, dict]:
+    """The module, loaded once for every test, and its argument spec."""
+    module = load_plugin(f"docs_{path.stem}", str(path.relative_to(ROOT)))
     module.AnsibleModule = Capture
     with pytest.raises(Spec) as caught:
         module.main()
-    return caught.value.argument_spec
+    return module, caught.value.argument_spec
 
 
 def test_every_module_is_found() -> None:
@@ -47,11 +53,11 @@ def test_every_module_is_found() -> None:
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: p.stem)
 def test_the_docs_are_yaml_and_name_the_argument_spec(path: Path) -> None:
-    module = load_plugin(f"docs_{path.stem}", str(path.relative_to(ROOT)))
+    module, spec = loaded(path)
     doc = yaml.safe_load(module.DOCUMENTATION)
     assert doc["module"] == path.stem
     assert isinstance(yaml.safe_load(getattr(module, "RETURN", "") or "{}"), dict)
-    spec, options = argument_spec(module), doc["options"]
+    options = doc["options"]
     assert sorted(options) == sorted(spec)
     for name, want in spec.items():
         got = options[name]
@@ -59,3 +65,12 @@ def test_the_docs_are_yaml_and_name_the_argument_spec(path: Path) -> None:
         assert got.get("elements") == want.get("elements"), name
         assert bool(got.get("required")) == bool(want.get("required")), name
         assert got.get("default") == want.get("default"), name
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.stem)
+def test_an_option_named_like_a_password_says_whether_it_is_logged(path: Path) -> None:
+    """AnsibleModule warns on every run of an option whose name matches PASSWORD_MATCH (as
+    ddpfleet_host_probe's `passwd`, the path of /etc/passwd) unless no_log is set either way."""
+    _, spec = loaded(path)
+    unsaid = [n for n, o in spec.items() if PASSWORD_MATCH.search(n) and "no_log" not in o]
+    assert unsaid == [], f"{path.stem}: set no_log on {unsaid}"

@@ -184,7 +184,8 @@ def main() -> None:
             "disk_path": {"type": "path", "required": True},
             "nvidia_smi": {"type": "path"},
             "dpkg_status": {"type": "path", "default": "/var/lib/dpkg/status"},
-            "passwd": {"type": "path", "default": "/etc/passwd"},
+            # a path, not a secret: no_log said outright, or every run warns it is not set
+            "passwd": {"type": "path", "default": "/etc/passwd", "no_log": False},
             "group": {"type": "path", "default": "/etc/group"},
             "exists": {"type": "list", "elements": "path", "default": []},
             "lines": {"type": "dict", "default": {}},
