@@ -25,6 +25,7 @@ from time_bounds import within
 # re-pull (~120 s more), without flaking on the slower CPUs CI gets.
 RERUN_LIMIT_S = 180
 BAD_CIDR = "192.0.2.0/24"  # TEST-NET-1: never the sandbox's subnet
+LEFT_OUT_GPUS = "preflight : Detect the GPUs of the hosts left out whose facts are not cached"
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +116,7 @@ def test_rerun_asks_each_node_once_for_what_is_done(rerun: PlaybookRun) -> None:
         "monitoring : Start and enable Prometheus",
         "slurm : Install munge and the Slurm daemons and commands",
         "slurm : Start and enable slurmd",
+        LEFT_OUT_GPUS,  # no host is left out
     ]
     assert {task: outcomes.get(task) for task in skipped} == {
         task: {"skipping"} for task in skipped
@@ -156,14 +158,24 @@ def test_what_changed_since_the_probe_is_put_right(provisioned: PlaybookRun, san
     """A no-op re-run skips a start task, or a user task, only on preflight's word
     (ddpfleet_host_probe) that the service is active and enabled, or the account as asked: a
     service stopped and disabled is started and enabled, and the shared storage's owner given
-    another shell gets its own back."""
+    another shell gets its own back. The same --limit run, with the fact cache of the hosts it
+    leaves out gone (expired), detects their GPUs again on them and caches the count."""
     node = sandbox.nodes[-1]
     unit = "prometheus-node-exporter"
     done = sandbox.ssh(node, f"systemctl disable --now {unit} && usermod -s /bin/sh ddpfleet")
     assert done.returncode == 0, done.stdout + done.stderr
+    left_out = [other.name for other in sandbox.nodes[:-1]]
+    cache = sandbox.root / ".cache" / "facts"
+    for name in left_out:
+        for path in cache.glob(f"*{name}"):
+            path.unlink()
     run = run_site(sandbox, "--limit", node.name, "--tags", "preflight,nfs,monitoring")
     assert run.rc == 0, run.tail()
     assert run.recap[node.name]["changed"] == 2, run.tail()
+    detect = run.stdout.split(f"TASK [{LEFT_OUT_GPUS}]")[1].split("TASK [", 1)[0]
+    assert sorted(re.findall(r"ok: \[\S+ -> ([^]()]+)", detect)) == left_out, run.tail()
+    for name in left_out:
+        assert "ddpfleet_gpu_count" in next(cache.glob(f"*{name}")).read_text(), name
     state = sandbox.ssh(node, f"systemctl is-active {unit}; systemctl is-enabled {unit}")
     assert state.stdout.split() == ["active", "enabled"], state.stdout + state.stderr
     owner = sandbox.ssh(node, "getent passwd ddpfleet").stdout.strip()
